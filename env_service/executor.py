@@ -1,0 +1,110 @@
+"""Per-episode BFCL tool execution: class instances, dispatch by name, BFCL-identical result text.
+
+BFCL's own executor (``multi_turn_utils.execute_multi_turn_func_call``) keeps instances in module globals and
+``eval``s call strings. We keep the same semantics without either: each ``ToolExecutor`` owns fresh instances
+(built exactly as BFCL builds them), dispatches a validated name to the bound method with keyword arguments,
+and formats the return value the way BFCL does. Nothing outlives the executor; nothing is evaluated.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import inspect
+import json
+from functools import cache
+from typing import Any
+
+from env_service.bfcl import BFCL_FORBIDDEN_NAMES, CLASS_FILE_PATH_MAPPING, STATELESS_CLASSES
+
+ERROR_PREFIX = "Error during execution: "
+
+# Arguments that make a single call run for minutes (e.g. power(10, 10**9) computes a billion-digit integer)
+# and would stall the whole service. The official harness has no guard; these bounds are far above any value
+# in BFCL's data and are reported to the model like any other execution error. (ours)
+RESOURCE_GUARDS: dict[tuple[str, str], int] = {
+    ("power", "exponent"): 10_000,
+    ("square_root", "precision"): 10_000,
+    ("round_number", "decimal_places"): 10_000,
+    ("logarithm", "precision"): 10_000,
+}
+
+
+@cache
+def tool_class(class_name: str) -> type:
+    module = importlib.import_module(CLASS_FILE_PATH_MAPPING[class_name])
+    return getattr(module, class_name)
+
+
+@cache
+def public_method_names(class_name: str) -> tuple[str, ...]:
+    """Public methods of a BFCL class — the only names a tool call can ever reach."""
+    # Same discovery as BFCL: bound methods of an instance, private names skipped.
+    instance = tool_class(class_name)()
+    return tuple(
+        name for name, _ in inspect.getmembers(instance, predicate=inspect.ismethod) if not name.startswith("_")
+    )
+
+
+def format_result(result: Any) -> str:
+    """BFCL's result formatting: ``str`` as is, ``dict`` through ``json.dumps`` (``str`` if that fails),
+    anything else ``str``. BFCL tests the exact type (``type(x) == dict``), so subclasses go through ``str``."""
+    if type(result) is str:
+        return result
+    if type(result) is dict:
+        try:
+            return json.dumps(result)
+        except Exception:
+            return str(result)
+    return str(result)
+
+
+def is_error_result(text: str) -> bool:
+    """True for BFCL execution errors and for the ``{"error": ...}`` dicts BFCL's classes return."""
+    if text.startswith(ERROR_PREFIX):
+        return True
+    if text.startswith("{") and '"error"' in text:
+        try:
+            parsed = json.loads(text)
+        except ValueError:
+            return False
+        return isinstance(parsed, dict) and bool(parsed.get("error"))
+    return False
+
+
+class ToolExecutor:
+    """The BFCL class instances of one episode (or one grading pass) and dispatch into them."""
+
+    def __init__(self, involved_classes: list[str], initial_config: dict, long_context: bool) -> None:
+        self.instances: dict[str, Any] = {}
+        # method name -> class name; later classes win on a name clash, as in BFCL's mapping
+        self.owner: dict[str, str] = {}
+        for class_name in involved_classes:
+            instance = tool_class(class_name)()
+            if class_name not in STATELESS_CLASSES:
+                config = copy.deepcopy(initial_config.get(class_name, {}))
+                instance._load_scenario(config, long_context=long_context)
+            self.instances[class_name] = instance
+            for name in public_method_names(class_name):
+                self.owner[name] = class_name
+
+    def knows(self, name: str) -> bool:
+        return name in self.owner
+
+    def method(self, name: str) -> Any:
+        return getattr(self.instances[self.owner[name]], name)
+
+    def call(self, name: str, arguments: dict[str, Any]) -> str:
+        """Execute one validated call; the result or error text is exactly what BFCL's executor produces."""
+        if name not in self.owner:
+            raise KeyError(name)  # callers validate names first; this is a programming error
+        try:
+            if name in BFCL_FORBIDDEN_NAMES:
+                raise Exception(f"Function call {name} is not allowed.")
+            for key, value in arguments.items():
+                bound = RESOURCE_GUARDS.get((name, key))
+                if bound is not None and isinstance(value, (int, float)) and abs(value) > bound:
+                    raise Exception(f"argument '{key}' exceeds the service's resource guard ({bound}).")
+            return format_result(self.method(name)(**arguments))
+        except Exception as exc:  # BFCL turns every exception into an observation, so do we
+            return f"{ERROR_PREFIX}{exc}"
