@@ -105,6 +105,8 @@ class ToolExecutor:
                 bound = RESOURCE_GUARDS.get((name, key))
                 if bound is not None and isinstance(value, (int, float)) and abs(value) > bound:
                     raise Exception(f"argument '{key}' exceeds the service's resource guard ({bound}).")
-            return format_result(self.method(name)(**arguments))
+            # BFCL's methods keep argument objects (post_tweet stores `mentions`; mention() later extends it),
+            # so each execution gets its own copy: recorded calls and cached ground truth never change.
+            return format_result(self.method(name)(**copy.deepcopy(arguments)))
         except Exception as exc:  # BFCL turns every exception into an observation, so do we
             return f"{ERROR_PREFIX}{exc}"

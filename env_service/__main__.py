@@ -1,0 +1,67 @@
+"""``python -m env_service --host 127.0.0.1 --port 8082``: start the BFCL environment service."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+import sys
+
+import uvicorn
+
+from env_service.config import EpisodeConfig, ServiceConfig, StepLimit
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m env_service", description=__doc__)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8082)
+    p.add_argument("--step-limit-scope", choices=["episode", "turn"], default="episode",
+                   help="episode: at most --max-steps model calls per episode (release); turn: per user turn (BFCL)")
+    p.add_argument("--max-steps", type=int, default=20)
+    p.add_argument("--no-strict-availability", action="store_true",
+                   help="let held-out miss_func tools be called before their reveal turn (official BFCL harness)")
+    p.add_argument("--release-reveal-note", action="store_true",
+                   help="append BFCL's 'Python 3 syntax' note to revealed docs, as the release did (bug)")
+    p.add_argument("--ttl", type=float, default=3600.0, help="seconds before an idle episode expires")
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    p.add_argument("--max-episodes", type=int, default=20_000)
+    p.add_argument("--split-file", default=None)
+    p.add_argument("--token", default=os.environ.get("SEAL_ENV_TOKEN"),
+                   help="require 'Authorization: Bearer <token>' (default: $SEAL_ENV_TOKEN)")
+    p.add_argument("--log-level", default="warning")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper())
+    try:
+        loopback = ipaddress.ip_address(args.host).is_loopback
+    except ValueError:
+        loopback = args.host == "localhost"
+    if not loopback and not args.token:
+        print(f"warning: serving on {args.host} without a bearer token (--token)", file=sys.stderr)
+    from env_service.app import create_app
+
+    config = ServiceConfig(
+        episode=EpisodeConfig(
+            step_limit=StepLimit(args.step_limit_scope, args.max_steps),
+            strict_availability=not args.no_strict_availability,
+            release_reveal_note=args.release_reveal_note,
+        ),
+        ttl_s=args.ttl,
+        sweep_interval_s=min(60.0, max(0.05, args.ttl / 4)),
+        max_body_bytes=args.max_body_bytes,
+        max_episodes=args.max_episodes,
+        token=args.token,
+        split_file=args.split_file,
+    )
+    app = create_app(config)
+    print(f"env_service: serving {args.host}:{args.port}", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+
+
+if __name__ == "__main__":
+    main()

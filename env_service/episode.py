@@ -1,0 +1,182 @@
+"""One episode: the state machine of a BFCL multi-turn task played by a model (reference §2.4–2.6).
+
+* ``create``: system prompt (``bfcl_qwen_fc`` + the train-only interface suffix) and the first user turn.
+* ``step(content)``: the raw assistant text is parsed; a malformed message is rejected as a whole; calls to
+  tools that are not available now are rejected as a whole; otherwise every call executes on this episode's own
+  BFCL instances and the results come back as ``<tool_response>`` blocks. A message without calls ends the
+  turn: the next user turn follows (or BFCL's reveal message for a miss_func held-out turn), and after the last
+  turn the episode is done. A step limit (per episode or per turn) cuts the episode off.
+* ``evaluate``: graded once, then frozen.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+from env_service import interface as iface
+from env_service import vocab
+from env_service.calls import is_valid_argument_name
+from env_service.config import EpisodeConfig, StepLimit
+from env_service.executor import ToolExecutor, is_error_result
+from env_service.grading import grade
+from env_service.parser import parse_tool_calls
+from env_service.prompts import rejected_call_message, reveal_message, system_prompt, tool_response
+from env_service.tasks import Task
+from env_service.trajectory import AcceptedCall, Step, Turn
+
+_PYTHON_NOTE = " Note that the provided function is in Python 3 syntax."
+
+
+class EpisodeStateError(Exception):
+    """A request that the episode's state does not allow (stepping a finished episode): HTTP 409."""
+
+
+class Episode:
+    def __init__(
+        self,
+        episode_id: str,
+        task: Task,
+        mode: str,
+        interface: iface.Interface,
+        config: EpisodeConfig,
+        step_limit: StepLimit | None = None,
+    ) -> None:
+        self.id = episode_id
+        self.task = task
+        self.mode = mode
+        self.interface = interface
+        self.config = config
+        self.step_limit = step_limit or config.step_limit
+        self.executor = ToolExecutor(task.involved_classes, task.initial_config, task.long_context)
+        self.tools = [copy.deepcopy(d) for d in task.tools]  # docs available now (raw)
+        self.available = {d["name"] for d in self.tools}
+        self.turn = 0
+        self.turns: list[Turn] = [Turn()]
+        self.steps_total = 0
+        self.steps_in_turn = 0
+        self.done = False
+        self.completed = False
+        self.end_reason: str | None = None
+        self.result: dict[str, Any] | None = None
+        self.last_access = time.monotonic()
+
+    # --- rendering -------------------------------------------------------------------------------------
+    def presented_tools(self, docs: list[dict] | None = None) -> list[dict]:
+        docs = self.tools if docs is None else docs
+        return iface.annotate_tools(docs, self.interface.schema)
+
+    def initial_messages(self) -> list[dict[str, str]]:
+        suffix = iface.render_system_suffix(self.interface)
+        return [
+            {"role": "system", "content": system_prompt(self.presented_tools(), suffix)},
+            {"role": "user", "content": self.task.questions[0]},
+        ]
+
+    def _hint(self, kind: str, message: str, function_name: str | None = None) -> str:
+        if not self.interface.error_feedback:
+            return ""
+        hint = iface.error_feedback(kind, message, function_name, sorted(self.available))
+        return f"\n{hint}" if hint else ""
+
+    # --- stepping --------------------------------------------------------------------------------------
+    def step(self, content: str) -> dict[str, Any]:
+        if self.done or self.result is not None:
+            raise EpisodeStateError("episode is finished; no more steps")
+        self.steps_total += 1
+        self.steps_in_turn += 1
+        parsed = parse_tool_calls(content)
+        turn = self.turns[self.turn]
+        observation: str | None
+        error_type: str | None = None
+
+        if parsed.error:
+            error_type = vocab.PARSE_ERROR
+            turn.steps.append(Step(vocab.PARSE_ERROR, error=parsed.error))
+            observation = rejected_call_message(parsed.error) + self._hint(vocab.PARSE_ERROR, parsed.error)
+        elif parsed.calls:
+            observation, error_type = self._execute(parsed.calls, turn)
+        else:
+            turn.steps.append(Step("text"))
+            observation = self._advance_turn()
+
+        if not self.done and self._over_step_limit():
+            self.done, self.end_reason, observation = True, "step_limit", None
+        return {
+            "observation": None if observation is None else {"role": "user", "content": observation},
+            "done": self.done,
+            "turn": self.turn,
+            "info": {
+                "error_type": error_type,
+                "end_reason": self.end_reason,
+                "steps": self.steps_total,
+            },
+        }
+
+    def _execute(self, calls: list[dict[str, Any]], turn: Turn) -> tuple[str, str | None]:
+        names = [c["name"] for c in calls]
+        for call in calls:
+            name = call["name"]
+            callable_now = name in self.available if self.config.strict_availability else self.executor.knows(name)
+            # Only names of public BFCL methods ever reach the executor (and, later, BFCL's checker).
+            if not callable_now or not self.executor.knows(name):
+                reason = f"'{name}' is not an available tool"
+                turn.steps.append(Step(vocab.UNAVAILABLE_TOOL, attempted=names, error=reason))
+                return rejected_call_message(reason) + self._hint(vocab.UNAVAILABLE_TOOL, reason, name), (
+                    vocab.UNAVAILABLE_TOOL
+                )
+            bad = [k for k in call["arguments"] if not is_valid_argument_name(k)]
+            if bad:
+                reason = f"argument name {bad[0]!r} of '{name}' is not a valid identifier"
+                turn.steps.append(Step(vocab.PARSE_ERROR, attempted=names, error=reason))
+                return rejected_call_message(reason) + self._hint(vocab.PARSE_ERROR, reason, name), vocab.PARSE_ERROR
+        accepted, parts, error_type = [], [], None
+        for call in calls:
+            result = self.executor.call(call["name"], call["arguments"])
+            failed = is_error_result(result)
+            accepted.append(AcceptedCall(call["name"], call["arguments"], result, failed))
+            part = tool_response(result)
+            if failed:
+                error_type = vocab.TOOL_ERROR
+                hint = self._hint(vocab.TOOL_ERROR, result, call["name"])
+                if hint:  # after the block it explains, on lines of its own
+                    part += hint.lstrip("\n") + "\n"
+            parts.append(part)
+        turn.steps.append(Step("calls", calls=accepted, attempted=names))
+        return "".join(parts), error_type
+
+    def _advance_turn(self) -> str | None:
+        self.turn += 1
+        self.steps_in_turn = 0
+        if self.turn >= self.task.num_turns:
+            self.turn = self.task.num_turns - 1  # stays on the last turn index
+            self.done, self.completed, self.end_reason = True, True, "completed"
+            return None
+        self.turns.append(Turn())
+        revealed = self.task.held_out.get(self.turn)
+        if revealed:
+            docs = [copy.deepcopy(d) for d in revealed if d["name"] not in self.available]
+            self.tools.extend(docs)
+            self.available.update(d["name"] for d in docs)
+            shown = self.presented_tools(docs)
+            if self.config.release_reveal_note:
+                for doc in shown:
+                    doc["description"] = doc.get("description", "") + _PYTHON_NOTE
+            return reveal_message(shown)
+        return self.task.questions[self.turn]
+
+    def _over_step_limit(self) -> bool:
+        used = self.steps_total if self.step_limit.scope == "episode" else self.steps_in_turn
+        return used >= self.step_limit.max_steps
+
+    # --- grading ---------------------------------------------------------------------------------------
+    def evaluate(self) -> dict[str, Any]:
+        """Grade once; later calls return the same result and the episode takes no more steps."""
+        if self.result is None:
+            self.done = True
+            self.result = grade(self.task, self.turns, self.completed)
+            self.result["end_reason"] = self.end_reason or "evaluated_early"
+            self.result["steps"] = self.steps_total
+            self.executor = None  # the live instances are no longer needed
+        return self.result

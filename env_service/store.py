@@ -1,0 +1,49 @@
+"""Open episodes of the service, with idle expiry (TTL). One object per episode; nothing shared."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from env_service.episode import Episode
+
+
+class EpisodeStore:
+    def __init__(self, ttl_s: float, max_episodes: int) -> None:
+        self.ttl_s = ttl_s
+        self.max_episodes = max_episodes
+        self._episodes: dict[str, Episode] = {}
+        self.expired_total = 0
+
+    def __len__(self) -> int:
+        return len(self._episodes)
+
+    def __contains__(self, episode_id: str) -> bool:
+        return episode_id in self._episodes
+
+    def __iter__(self) -> Iterator[Episode]:
+        return iter(list(self._episodes.values()))
+
+    def full(self) -> bool:
+        return len(self._episodes) >= self.max_episodes
+
+    def add(self, episode: Episode) -> None:
+        self._episodes[episode.id] = episode
+
+    def get(self, episode_id: str) -> Episode | None:
+        episode = self._episodes.get(episode_id)
+        if episode is not None:
+            episode.last_access = time.monotonic()
+        return episode
+
+    def remove(self, episode_id: str) -> bool:
+        return self._episodes.pop(episode_id, None) is not None
+
+    def expire(self, now: float | None = None) -> int:
+        """Drop episodes idle for longer than the TTL; returns how many were dropped."""
+        now = time.monotonic() if now is None else now
+        stale = [eid for eid, ep in self._episodes.items() if now - ep.last_access > self.ttl_s]
+        for eid in stale:
+            del self._episodes[eid]
+        self.expired_total += len(stale)
+        return len(stale)

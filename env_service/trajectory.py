@@ -1,0 +1,46 @@
+"""What an episode records, turn by turn: the executable evidence that grading and diagnosis read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from env_service.calls import format_call
+
+
+@dataclass
+class AcceptedCall:
+    name: str
+    arguments: dict[str, Any]
+    result: str
+    is_error: bool
+
+    @property
+    def call_string(self) -> str:
+        return format_call(self.name, self.arguments)
+
+
+@dataclass
+class Step:
+    """One assistant message. ``kind``: ``calls`` (accepted and executed), ``text`` (no calls: ends the
+    turn), ``parse_error`` or ``unavailable_tool`` (rejected: nothing executed)."""
+
+    kind: str
+    calls: list[AcceptedCall] = field(default_factory=list)
+    attempted: list[str] = field(default_factory=list)  # tool names the message tried to call
+    error: str | None = None
+
+
+@dataclass
+class Turn:
+    steps: list[Step] = field(default_factory=list)
+
+    def accepted_calls(self) -> list[AcceptedCall]:
+        return [c for s in self.steps for c in s.calls]
+
+    def call_steps(self) -> list[list[str]]:
+        """Call strings per step with accepted calls — BFCL's ``model_result[turn][step]``."""
+        return [[c.call_string for c in s.calls] for s in self.steps if s.calls]
+
+    def count(self, kind: str) -> int:
+        return sum(s.kind == kind for s in self.steps)
