@@ -1,0 +1,53 @@
+"""Failure-analysis report of an evaluation directory, or of the change between two.
+
+    python scripts/failure_report.py runs/seal7b/eval/best                      # one evaluation
+    python scripts/failure_report.py runs/vanilla7b/eval/best runs/seal7b/eval/best \
+        --labels "Vanilla RL" "SEAL" --out reports/seal_vs_vanilla.md           # change: second vs first
+
+A directory is an evaluation directory with results.jsonl (or a run directory with one evaluation, or
+eval/best). With two directories the output holds both reports and the change (second − first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+# Runnable as `python scripts/failure_report.py` without an installed package (as scripts/prepare_data.py).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from seal import failure_report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("eval_dirs", nargs="+", type=Path, metavar="EVAL_DIR", help="one or two evaluation directories")
+    parser.add_argument("--labels", nargs="+", help="names for the evaluations (default: their paths)")
+    parser.add_argument("--out", type=Path, help="write markdown here (default: stdout)")
+    args = parser.parse_args(argv)
+    if len(args.eval_dirs) > 2:
+        parser.error("give one evaluation directory, or two to compare")
+    labels = args.labels or [str(d) for d in args.eval_dirs]
+    if len(labels) != len(args.eval_dirs):
+        parser.error("--labels needs one name per evaluation directory")
+    try:
+        records = [failure_report.load_results(d) for d in args.eval_dirs]
+        parts = [failure_report.render_report(r, label) for r, label in zip(records, labels, strict=True)]
+        if len(records) == 2:
+            parts.append(failure_report.render_comparison(records[0], records[1], labels[0], labels[1]))
+    except (OSError, ValueError) as exc:
+        print(f"failure_report: error: {exc}", file=sys.stderr)
+        return 2
+    markdown = "\n".join(parts)
+    if args.out is None:
+        sys.stdout.write(markdown)
+    else:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(markdown, encoding="utf-8")
+        print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
