@@ -1,0 +1,83 @@
+"""A random tiny Qwen2 model with the real Qwen2.5 vocabulary, built offline.
+
+Used by CPU tests and the embedded `local` engine: same tokenizer, chat template, eos/pad ids and
+vocabulary size as Qwen2.5 (so sequences, masks and lengths are realistic) but a few million random
+parameters. Greedy output of a random model is degenerate; sample when varied rollouts are needed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from seal.tokenizer import (
+    EOS_TOKEN_ID,
+    PAD_TOKEN_ID,
+    QWEN25_MODEL_VOCAB_SIZE,
+    build_qwen_tokenizer,
+)
+
+
+def tiny_qwen2_config(hidden: int = 64, layers: int = 1, heads: int = 4, kv_heads: int = 2):
+    """A `Qwen2Config` with Qwen2.5's vocabulary/special ids and a tiny body.
+
+    `hidden` must be divisible by `heads`, and `heads` by `kv_heads` (grouped-query attention, as in
+    Qwen2.5). Embeddings are tied (as in Qwen2.5-0.5B/1.5B), so the 151,936 x hidden embedding is the
+    bulk of the parameters.
+    """
+    from transformers import Qwen2Config
+
+    if hidden <= 0 or layers <= 0:
+        raise ValueError(f"hidden and layers must be positive, got hidden={hidden}, layers={layers}")
+    if hidden % heads or heads % kv_heads:
+        raise ValueError(f"hidden={hidden}, heads={heads}, kv_heads={kv_heads}: need hidden % heads == 0 "
+                         "and heads % kv_heads == 0")
+    return Qwen2Config(
+        vocab_size=QWEN25_MODEL_VOCAB_SIZE,
+        hidden_size=hidden,
+        intermediate_size=hidden * 4,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        bos_token_id=PAD_TOKEN_ID,
+        eos_token_id=EOS_TOKEN_ID,
+        pad_token_id=PAD_TOKEN_ID,
+    )
+
+
+def build_tiny_qwen2(
+    out_dir: str | os.PathLike,
+    hidden: int = 64,
+    layers: int = 1,
+    seed: int = 0,
+    tokenizer_cache_dir: str | os.PathLike | None = None,
+) -> Path:
+    """Save a random `Qwen2ForCausalLM` plus the offline Qwen2.5 tokenizer into `out_dir`.
+
+    The directory loads with `AutoModelForCausalLM.from_pretrained(out_dir)` and
+    `AutoTokenizer.from_pretrained(out_dir)`. Same `seed` and sizes give identical weights.
+    Returns the directory path.
+    """
+    import torch
+    from transformers import GenerationConfig, Qwen2ForCausalLM
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = tiny_qwen2_config(hidden=hidden, layers=layers)
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        bos_token_id=PAD_TOKEN_ID,
+        eos_token_id=[EOS_TOKEN_ID, PAD_TOKEN_ID],  # Qwen2.5-Instruct stops on either
+        pad_token_id=PAD_TOKEN_ID,
+        do_sample=True,
+        temperature=1.0,
+        top_p=1.0,
+    )
+    model.save_pretrained(str(out))
+    build_qwen_tokenizer(tokenizer_cache_dir).save_pretrained(str(out))
+    return out
