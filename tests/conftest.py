@@ -1,0 +1,16 @@
+import os
+import tempfile
+
+import pytest
+
+# bfcl_eval writes folders under BFCL_PROJECT_ROOT at import time; keep them out of the checkout.
+os.environ.setdefault("BFCL_PROJECT_ROOT", os.path.join(tempfile.gettempdir(), "seal_bfcl_root"))
+
+from tests.service import running_service  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def service_url():
+    """A real env service (release defaults) on a free loopback port, shared by the session's tests."""
+    with running_service() as (url, _proc):
+        yield url
