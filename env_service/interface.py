@@ -678,14 +678,22 @@ def _tool_hint(family: str, tool: str, error_text: str) -> str:
 # Parse-error causes (our parser's messages and the release's are both matched by keywords).
 _PARSE_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
     (
+        re.compile(r"argument name|valid identifier", re.IGNORECASE),
+        'Parameter names inside "arguments" must be plain identifiers spelled exactly as in the schema.',
+    ),
+    (
         re.compile(
             r"'name'.*'arguments'|name.{0,20}arguments.{0,20}(?:key|field|missing|contain)", re.IGNORECASE
         ),
         'Each call object needs exactly the two keys "name" and "arguments".',
     ),
     (
+        re.compile(r"'name' must|\bname must be", re.IGNORECASE),
+        '"name" must be the exact name of a listed tool, given as a non-empty string.',
+    ),
+    (
         re.compile(
-            r"arguments.{0,40}(?:json object|an object|must be a dict|not a dict)|non-json string arg",
+            r"arguments\b[^;]*?(?:json object|an object|must be a dict|not a dict)|non-json string arg",
             re.IGNORECASE,
         ),
         '"arguments" has to be a JSON object mapping parameter names to values, not a string or list.',

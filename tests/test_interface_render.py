@@ -795,6 +795,40 @@ def test_parse_error_hints(message: str, cause: str) -> None:
     assert "<tool_call>" in lines[1] and "<tool name>" in lines[1]
 
 
+@pytest.mark.parametrize(
+    ("text", "cause"),
+    [
+        ("<tool_call>{bad}</tool_call>", "not valid JSON"),
+        ('<tool_call>{"name": "cd", "arguments": {"folder": NaN}}</tool_call>', "not valid JSON"),
+        ("<tool_call>[1]</tool_call>", '"name" and "arguments"'),
+        ('<tool_call>{"name": "cd"}</tool_call>', '"name" and "arguments"'),
+        ('<tool_call>{"name": "", "arguments": {}}</tool_call>', '"name" must be'),
+        (
+            '<tool_call>{"name": "a_tool_with_a_rather_long_name", "arguments": [1]}</tool_call>',
+            "JSON object",
+        ),
+        ('<tool_call>{"name": "cd", "arguments": "not json"}</tool_call>', "JSON object"),
+        ('<tool_call>{"name": "cd", "arguments": {}}', "closing </tool_call>"),
+    ],
+)
+def test_parse_error_hints_on_the_service_parser(text: str, cause: str) -> None:
+    """The service's own parser messages each get a cause-specific line."""
+    from env_service.parser import parse_tool_calls
+
+    error = parse_tool_calls(text).error
+    assert error
+    hint = error_feedback("parse_error", error)
+    assert hint is not None
+    first, second = hint.split("\n")
+    assert cause in first
+    assert "<tool name>" in second
+
+
+def test_invalid_argument_name_hint() -> None:
+    hint = error_feedback("parse_error", "argument name 'x y' of 'cd' is not a valid identifier", "cd")
+    assert hint is not None and "identifiers" in hint.split("\n")[0]
+
+
 def test_parse_error_with_unrecognised_text_still_gets_the_format_line() -> None:
     hint = error_feedback("parse_error", "something odd happened")
     assert hint is not None and hint.count("\n") == 0 and "<tool_call>" in hint
