@@ -197,7 +197,7 @@ def next_dynamic_weights(
     if profile.total_count == 0:
         return dict(previous)
     out: dict[str, float] = {}
-    for tag in sorted(set(base) | set(previous) | set(profile.tags)):
+    for tag in sorted(set(base) | set(previous) | set(profile.tags) | EXCLUDED_TAGS):
         b = base.get(tag, 1.0)
         if tag in EXCLUDED_TAGS:
             out[tag] = 1.0

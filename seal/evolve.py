@@ -62,7 +62,7 @@ CUE_TEXTS: dict[str, str] = {
         "describing the action in text does not carry it out."
     ),
     vocab.INSTANCE_MISMATCH: (
-        "Work with the service the request is about; do not touch tools of other services "
+        "Work with the service the request is about; leave the tools of other services alone "
         "unless the request needs them."
     ),
     vocab.STATE_MISMATCH: (
