@@ -21,8 +21,12 @@ from seal import failure_report
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("eval_dirs", nargs="+", type=Path, metavar="EVAL_DIR", help="one or two evaluation directories")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "eval_dirs", nargs="+", type=Path, metavar="EVAL_DIR", help="one or two evaluation directories"
+    )
     parser.add_argument("--labels", nargs="+", help="names for the evaluations (default: their paths)")
     parser.add_argument("--out", type=Path, help="write markdown here (default: stdout)")
     args = parser.parse_args(argv)

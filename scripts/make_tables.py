@@ -31,14 +31,31 @@ from seal import tables
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--row", action="append", default=[], metavar="KEY=DIR",
-                        help="held-in (BFCL V3) evaluation of a table row; repeatable")
-    parser.add_argument("--ood", action="append", default=[], metavar="KEY=DIR",
-                        help="OOD evaluation (BFCL V4 and/or tau2) of a row; repeatable, also per row")
-    parser.add_argument("--map", type=Path, help="YAML/JSON mapping file {held_in: {KEY: DIR}, ood: {KEY: [DIR]}}")
-    parser.add_argument("--tables", default=",".join(tables.TABLES),
-                        help=f"comma-separated subset of {','.join(tables.TABLES)} (default: all)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--row",
+        action="append",
+        default=[],
+        metavar="KEY=DIR",
+        help="held-in (BFCL V3) evaluation of a table row; repeatable",
+    )
+    parser.add_argument(
+        "--ood",
+        action="append",
+        default=[],
+        metavar="KEY=DIR",
+        help="OOD evaluation (BFCL V4 and/or tau2) of a row; repeatable, also per row",
+    )
+    parser.add_argument(
+        "--map", type=Path, help="YAML/JSON mapping file {held_in: {KEY: DIR}, ood: {KEY: [DIR]}}"
+    )
+    parser.add_argument(
+        "--tables",
+        default=",".join(tables.TABLES),
+        help=f"comma-separated subset of {','.join(tables.TABLES)} (default: all)",
+    )
     parser.add_argument("--out", type=Path, help="write markdown here (default: stdout)")
     args = parser.parse_args(argv)
 

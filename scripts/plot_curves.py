@@ -24,9 +24,16 @@ FAILURE_PROFILE = "failure_profile.png"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run", action="append", required=True, metavar="LABEL=DIR",
-                        help="a run to plot (legend label = run directory); repeatable")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--run",
+        action="append",
+        required=True,
+        metavar="LABEL=DIR",
+        help="a run to plot (legend label = run directory); repeatable",
+    )
     parser.add_argument("--out-dir", type=Path, default=Path("figures"))
     parser.add_argument("--dpi", type=int, default=100, help="pixels per inch (Figure 3 is 15 x 8 inches)")
     args = parser.parse_args(argv)

@@ -118,7 +118,10 @@ def _distribution_section(distribution: Distribution, heading: str) -> list[str]
     lines = [f"## {heading}, per turn", "", "Cells: count (share of the category's turns).", ""]
     lines += _table(["Tag", *columns], rows)
     if distribution.unknown:
-        lines += ["", f"\\* not in the vocabulary of `env_service/vocab.py`: {', '.join(distribution.unknown)}"]
+        lines += [
+            "",
+            f"\\* not in the vocabulary of `env_service/vocab.py`: {', '.join(distribution.unknown)}",
+        ]
     return lines + [""]
 
 
@@ -129,11 +132,21 @@ def render_report(records: Sequence[Mapping[str, Any]], title: str) -> str:
     errors = sum(1 for r in records if r.get("error"))
     accuracy = accuracy_by_category(records)
     tasks = Counter(record_category(r, i) for i, r in enumerate(records))
-    lines = [f"# Failure report: {title}", "", f"Tasks: {len(records)}; tasks with a harness error: {errors}.", "",
-             "## Success per category", ""]
-    lines += _table(["Category", "Tasks", "Success (%)"],
-                    [[c, str(tasks[c]) if c in tasks else str(len(records)), format_estimate(e)]
-                     for c, e in accuracy.items()])
+    lines = [
+        f"# Failure report: {title}",
+        "",
+        f"Tasks: {len(records)}; tasks with a harness error: {errors}.",
+        "",
+        "## Success per category",
+        "",
+    ]
+    lines += _table(
+        ["Category", "Tasks", "Success (%)"],
+        [
+            [c, str(tasks[c]) if c in tasks else str(len(records)), format_estimate(e)]
+            for c, e in accuracy.items()
+        ],
+    )
     lines.append("")
     for field, (heading, _) in FIELDS.items():
         lines += _distribution_section(tag_distribution(records, field), heading)
@@ -181,8 +194,12 @@ def render_comparison(
                 shares = f"{_pct(dist_a.share(category, tag))} → {_pct(dist_b.share(category, tag))}"
                 cells.append(f"{format_delta(delta)} ({shares})")
             rows.append(cells)
-        lines += [f"## {heading}: change of the share of turns (points)", "",
-                  f"Cells: Δ share ({before_label} → {after_label}).", ""]
+        lines += [
+            f"## {heading}: change of the share of turns (points)",
+            "",
+            f"Cells: Δ share ({before_label} → {after_label}).",
+            "",
+        ]
         lines += _table(["Tag", *columns], rows)
         if unknown:
             lines += ["", f"\\* not in the vocabulary of `env_service/vocab.py`: {', '.join(unknown)}"]

@@ -120,11 +120,15 @@ def parse_row(key: str) -> Row:
     backbone_text, _, training_text = key.partition("+")
     backbone = _BACKBONE_ALIASES.get(_squash(backbone_text))
     if backbone is None:
-        raise ValueError(f"row {key!r}: unknown backbone {backbone_text.strip()!r}; expected one of {BACKBONES}")
+        raise ValueError(
+            f"row {key!r}: unknown backbone {backbone_text.strip()!r}; expected one of {BACKBONES}"
+        )
     training = _TRAINING_ALIASES.get(_squash(training_text))
     if training is None:
         choices = ", ".join(label or "(none: base model)" for label in TRAINING_LABELS.values())
-        raise ValueError(f"row {key!r}: unknown training {training_text.strip()!r}; expected one of {choices}")
+        raise ValueError(
+            f"row {key!r}: unknown training {training_text.strip()!r}; expected one of {choices}"
+        )
     return Row(backbone, training)
 
 
@@ -247,7 +251,9 @@ OOD: Mapping[Row, OodScores] = MappingProxyType(
 )
 
 # (row, metric) pairs whose printed average disagrees with the mean of its printed parts.
-KNOWN_INCONSISTENT_AVERAGES: frozenset[tuple[Row, str]] = frozenset({(Row(QWEN_3B, VANILLA_RL), BFCL_V4_AVERAGE)})
+KNOWN_INCONSISTENT_AVERAGES: frozenset[tuple[Row, str]] = frozenset(
+    {(Row(QWEN_3B, VANILLA_RL), BFCL_V4_AVERAGE)}
+)
 
 # Ablation table (Qwen2.5-7B-Instruct). Its Vanilla RL and full-SEAL rows are the main table's rows.
 ABLATION: Mapping[Row, HeldInScores] = MappingProxyType(

@@ -86,7 +86,10 @@ def validation_curve(records: Sequence[Mapping[str, Any]], metric: str) -> Curve
     points: dict[int, tuple[float, float | None]] = {}
     for record in records:
         categories = {c: record.get(f"val/accuracy/{c}") for c in CATEGORIES}
-        errors = {c: None if v is None else _stderr(float(v), record.get(f"val/count/{c}")) for c, v in categories.items()}
+        errors = {
+            c: None if v is None else _stderr(float(v), record.get(f"val/count/{c}"))
+            for c, v in categories.items()
+        }
         if metric == AVERAGE:
             value = record.get("val/accuracy/average")
             complete = all(v is not None for v in categories.values())
@@ -94,9 +97,12 @@ def validation_curve(records: Sequence[Mapping[str, Any]], metric: str) -> Curve
                 value = sum(float(v) for v in categories.values()) / len(CATEGORIES)
             if value is None:
                 continue
-            parts = list(errors.values())
-            error = (math.sqrt(sum(e * e for e in parts)) / len(CATEGORIES)
-                     if complete and all(e is not None for e in parts) else None)  # type: ignore[operator]
+            known = [e for e in errors.values() if e is not None]
+            error = (
+                math.sqrt(sum(e * e for e in known)) / len(CATEGORIES)
+                if complete and len(known) == len(CATEGORIES)
+                else None
+            )
         else:
             value = categories[metric]
             if value is None:
@@ -117,13 +123,17 @@ def tag_order(tags: set[str] | frozenset[str]) -> list[str]:
     return known + sorted(tags - set(known))
 
 
-def tag_share_series(records: Sequence[Mapping[str, Any]]) -> tuple[tuple[int, ...], dict[str, tuple[float, ...]]]:
+def tag_share_series(
+    records: Sequence[Mapping[str, Any]],
+) -> tuple[tuple[int, ...], dict[str, tuple[float, ...]]]:
     """Training steps that report ``train/tag_frac/<tag>`` and, per tag (ordered by :func:`tag_order`),
     its share at each of those steps (0 where a step does not mention the tag). Later lines for the
     same step replace earlier ones."""
     by_step: dict[int, dict[str, float]] = {}
     for record in records:
-        shares = {k[len(TAG_FRAC_PREFIX):]: float(v) for k, v in record.items() if k.startswith(TAG_FRAC_PREFIX)}
+        shares = {
+            k[len(TAG_FRAC_PREFIX) :]: float(v) for k, v in record.items() if k.startswith(TAG_FRAC_PREFIX)
+        }
         if shares:
             bad = {t: s for t, s in shares.items() if not 0.0 <= s <= 1.0}
             if bad:
@@ -160,7 +170,9 @@ def plot_validation_curves(
     """
     if not runs:
         raise ValueError("no runs to plot")
-    curves = {label: {m: validation_curve(records, m) for m in PANEL_TITLES} for label, records in runs.items()}
+    curves = {
+        label: {m: validation_curve(records, m) for m in PANEL_TITLES} for label, records in runs.items()
+    }
     empty = [label for label, by_metric in curves.items() if not any(c.steps for c in by_metric.values())]
     if empty:
         raise ValueError(f"runs without validation metrics (val/accuracy/*): {empty}")
@@ -174,11 +186,13 @@ def plot_validation_curves(
             color = f"C{index % 10}"
             values = [100.0 * v for v in curve.values]
             ax.plot(curve.steps, values, marker="o", markersize=3, color=color, label=label)
-            known = [i for i, e in enumerate(curve.stderr) if e is not None]
-            if known:
-                steps = [curve.steps[i] for i in known]
-                low = [values[i] - 100.0 * curve.stderr[i] for i in known]  # type: ignore[operator]
-                high = [values[i] + 100.0 * curve.stderr[i] for i in known]  # type: ignore[operator]
+            band = [
+                (s, v, e) for s, v, e in zip(curve.steps, values, curve.stderr, strict=True) if e is not None
+            ]
+            if band:
+                steps = [s for s, _, _ in band]
+                low = [v - 100.0 * e for _, v, e in band]
+                high = [v + 100.0 * e for _, v, e in band]
                 ax.fill_between(steps, low, high, color=color, alpha=0.2, linewidth=0)
         ax.set_title(PANEL_TITLES[metric])
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -224,7 +238,9 @@ def plot_failure_profile(
     for column, (label, (steps, shares)) in enumerate(series.items()):
         ax = figure.add_subplot(grid[0, column])
         tags = list(shares)
-        ax.stackplot(steps, [shares[t] for t in tags], labels=tags, colors=[colors[t] for t in tags], alpha=0.85)
+        ax.stackplot(
+            steps, [shares[t] for t in tags], labels=tags, colors=[colors[t] for t in tags], alpha=0.85
+        )
         ax.set_title(label)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("training step")
@@ -235,7 +251,9 @@ def plot_failure_profile(
     legend_ax.axis("off")
     # Listed top-down in the order the areas stack (the first tag is the bottom layer).
     legend_tags = all_tags[::-1]
-    legend_ax.legend([Patch(color=colors[t]) for t in legend_tags], legend_tags, loc="center left", fontsize="small")
+    legend_ax.legend(
+        [Patch(color=colors[t]) for t in legend_tags], legend_tags, loc="center left", fontsize="small"
+    )
     figure.suptitle("Failure profile: turn-tag shares of the training rollouts")
     figure.subplots_adjust(top=0.85, bottom=0.15)
     return _save(figure, path, dpi)

@@ -28,6 +28,7 @@ MISSING = "–"
 class EvalDataError(ValueError):
     """An evaluation directory, summary or mapping file that does not follow docs/run_directory.md."""
 
+
 # Keys an OOD evaluation summary may carry under "accuracy" / "count" (docs/run_directory.md, extension).
 OOD_PARTS: tuple[str, ...] = tuple(part for parts in pn.OOD_SUITES.values() for part in parts)
 
@@ -42,7 +43,9 @@ class Estimate:
 
     def __post_init__(self) -> None:
         if not (0.0 <= self.value <= 1.0) or math.isnan(self.value):
-            raise ValueError(f"accuracy {self.value!r} is not a fraction in [0, 1] (percentages are not accepted)")
+            raise ValueError(
+                f"accuracy {self.value!r} is not a fraction in [0, 1] (percentages are not accepted)"
+            )
         if self.stderr is not None and (self.stderr < 0 or math.isnan(self.stderr)):
             raise ValueError(f"standard error {self.stderr!r} must be >= 0")
         if self.n is not None and self.n <= 0:
@@ -71,10 +74,10 @@ def mean_estimate(parts: Sequence[Estimate]) -> Estimate:
         raise ValueError("mean of no estimates")
     k = len(parts)
     value = sum(part.value for part in parts) / k
-    errors = [part.stderr for part in parts]
-    stderr = None if any(e is None for e in errors) else math.sqrt(sum(e * e for e in errors)) / k  # type: ignore[operator]
-    counts = [part.n for part in parts]
-    n = None if any(c is None for c in counts) else sum(counts)  # type: ignore[arg-type]
+    errors = [part.stderr for part in parts if part.stderr is not None]
+    stderr = math.sqrt(sum(e * e for e in errors)) / k if len(errors) == k else None
+    counts = [part.n for part in parts if part.n is not None]
+    n = sum(counts) if len(counts) == k else None
     # Clamp float noise so the mean of fractions stays a fraction.
     return Estimate(min(max(value, 0.0), 1.0), stderr, n)
 
@@ -97,7 +100,9 @@ def summary_from_results(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]
         category = record_category(record, index)
         accuracy = record.get("accuracy")
         if not isinstance(accuracy, (int, float)) or isinstance(accuracy, bool) or accuracy not in (0, 1):
-            raise ValueError(f"record {index} ({record.get('task_id')!r}): accuracy must be 0 or 1, got {accuracy!r}")
+            raise ValueError(
+                f"record {index} ({record.get('task_id')!r}): accuracy must be 0 or 1, got {accuracy!r}"
+            )
         count[category] += 1
         correct[category] += int(accuracy)
         tag_counts.setdefault(category, Counter()).update(record.get("failure_tags") or [])
@@ -278,8 +283,11 @@ def render_table(spec: TableSpec, ours: Mapping[Row, Mapping[str, Estimate]]) ->
         for metric in spec.metrics:
             estimate = mine.get(metric)
             paper_value = theirs.get(metric)
-            cells += [format_estimate(estimate), format_percent(paper_value),
-                      format_delta(delta_points(estimate, paper_value))]
+            cells += [
+                format_estimate(estimate),
+                format_percent(paper_value),
+                format_delta(delta_points(estimate, paper_value)),
+            ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -317,8 +325,12 @@ def ablation_spec() -> TableSpec:
 
 
 def render_reference_points() -> str:
-    lines = ["### Reference points (paper, not controlled), average success %", "",
-             "| Model | Average |", "|---|---:|"]
+    lines = [
+        "### Reference points (paper, not controlled), average success %",
+        "",
+        "| Model | Average |",
+        "|---|---:|",
+    ]
     lines += [f"| {name} | {value:.2f} |" for name, value in pn.REFERENCE_POINTS.items()]
     return "\n".join(lines) + "\n"
 
@@ -335,8 +347,12 @@ def render_tables(
     unknown = [t for t in tables if t not in TABLES]
     if unknown:
         raise ValueError(f"unknown tables {unknown}; expected some of {TABLES}")
-    parts = ["## SEAL reproduction vs paper", "",
-             "Ours: percent ± binomial standard error; paper: as printed; Δ = ours − paper (points).", ""]
+    parts = [
+        "## SEAL reproduction vs paper",
+        "",
+        "Ours: percent ± binomial standard error; paper: as printed; Δ = ours − paper (points).",
+        "",
+    ]
     if "held_in" in tables:
         parts += [render_table(held_in_spec(), held_in), render_reference_points()]
     if "ood" in tables:
@@ -363,7 +379,9 @@ def resolve_eval_dir(path: str | Path) -> Path:
             return resolve_eval_dir(candidates[0])
         names = [p.name for p in candidates]
         raise ValueError(f"{path}: run directory has evaluations {names}; name one (e.g. {eval_root}/<name>)")
-    raise ValueError(f"{path}: not an evaluation directory (no summary.json or results.jsonl) nor a run directory")
+    raise ValueError(
+        f"{path}: not an evaluation directory (no summary.json or results.jsonl) nor a run directory"
+    )
 
 
 def read_results(path: str | Path) -> list[dict[str, Any]]:
@@ -437,7 +455,9 @@ def parse_assignment(text: str) -> tuple[str, str]:
     return key.strip(), value.strip()
 
 
-def pairs_from_mapping_file(document: Any, base_dir: Path) -> tuple[list[tuple[str, Path]], list[tuple[str, Path]]]:
+def pairs_from_mapping_file(
+    document: Any, base_dir: Path
+) -> tuple[list[tuple[str, Path]], list[tuple[str, Path]]]:
     """Held-in and OOD (row key, directory) pairs from a parsed mapping file (YAML or JSON).
 
     Shape: ``{"held_in": {KEY: DIR}, "ood": {KEY: DIR or [DIR, ...]}}``; both sections optional; relative

@@ -71,7 +71,9 @@ def eval_records(
     return records
 
 
-def summary_of(correct: Mapping[str, int], n: int | Mapping[str, int] = 100, split: str = "eval") -> dict[str, Any]:
+def summary_of(
+    correct: Mapping[str, int], n: int | Mapping[str, int] = 100, split: str = "eval"
+) -> dict[str, Any]:
     """The ``summary.json`` for :func:`eval_records` (same counts), computed with the textbook formulas."""
     accuracy: dict[str, float] = {}
     stderr: dict[str, float] = {}
@@ -137,9 +139,13 @@ def training_line(step: int, tag_fracs: Mapping[str, float], reward: float = 0.0
     return line
 
 
-def write_run_dir(path: Path, lines: Sequence[Mapping[str, Any]], config: str = "experiment_name: synthetic\n") -> Path:
+def write_run_dir(
+    path: Path, lines: Sequence[Mapping[str, Any]], config: str = "experiment_name: synthetic\n"
+) -> Path:
     """A run directory with ``config.yaml`` and ``metrics.jsonl`` holding ``lines`` in order."""
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.yaml").write_text(config, encoding="utf-8")
-    (path / "metrics.jsonl").write_text("".join(json.dumps(dict(line)) + "\n" for line in lines), encoding="utf-8")
+    (path / "metrics.jsonl").write_text(
+        "".join(json.dumps(dict(line)) + "\n" for line in lines), encoding="utf-8"
+    )
     return path

@@ -16,8 +16,18 @@ from tests.synthetic_runs import eval_records, load_script, write_eval_dir
 
 cli = load_script("failure_report")
 
-BEFORE = {"multi_turn_base": 37, "multi_turn_miss_func": 50, "multi_turn_miss_param": 20, "multi_turn_long_context": 10}
-AFTER = {"multi_turn_base": 50, "multi_turn_miss_func": 50, "multi_turn_miss_param": 30, "multi_turn_long_context": 10}
+BEFORE = {
+    "multi_turn_base": 37,
+    "multi_turn_miss_func": 50,
+    "multi_turn_miss_param": 20,
+    "multi_turn_long_context": 10,
+}
+AFTER = {
+    "multi_turn_base": 50,
+    "multi_turn_miss_func": 50,
+    "multi_turn_miss_param": 30,
+    "multi_turn_long_context": 10,
+}
 
 
 def row(markdown: str, heading: str, first_cell: str) -> dict[str, str]:
@@ -47,8 +57,11 @@ def test_distribution_counts_and_shares() -> None:
 
 
 def test_report_tables(tmp_path: Path) -> None:
-    records = eval_records(BEFORE, fail_tags={"multi_turn_miss_func": "spurious_tool_call"},
-                           fail_labels={"multi_turn_long_context": "made_up_label"})
+    records = eval_records(
+        BEFORE,
+        fail_tags={"multi_turn_miss_func": "spurious_tool_call"},
+        fail_labels={"multi_turn_long_context": "made_up_label"},
+    )
     markdown = fr.render_report(records, "synthetic")
     assert row(markdown, "Success per category", "multi_turn_base")["Success (%)"] == "37.00 ± 4.83"
     # average 29.25 ± 2.14 (see tests/test_tables.py for the arithmetic)
@@ -84,8 +97,12 @@ def test_comparison_deltas() -> None:
     assert row(markdown, heading, "spurious_tool_call")["multi_turn_base"] == "+25.00 (0.00% → 25.00%)"
     # miss_param: state_mismatch 80/200 = 40% -> 70/200 = 35%
     assert row(markdown, heading, "state_mismatch")["multi_turn_miss_param"] == "-5.00 (40.00% → 35.00%)"
-    assert fr.share_delta(fr.tag_distribution(before, "paper_labels"), fr.tag_distribution(after, "paper_labels"),
-                          "multi_turn_base", "pass") == pytest.approx(6.5)
+    assert fr.share_delta(
+        fr.tag_distribution(before, "paper_labels"),
+        fr.tag_distribution(after, "paper_labels"),
+        "multi_turn_base",
+        "pass",
+    ) == pytest.approx(6.5)
 
 
 def test_bad_records_are_refused() -> None:

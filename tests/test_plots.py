@@ -64,8 +64,10 @@ def test_tag_share_series_orders_and_fills() -> None:
 
 def test_figure3_png_has_expected_size(tmp_path: Path) -> None:
     seal = write_run_dir(tmp_path / "seal", seal_lines())
-    vanilla = write_run_dir(tmp_path / "vanilla", [validation_line(0, counts(22, 14, 10, 10)),
-                                                    validation_line(3, counts(46, 27, 27, 23))])
+    vanilla = write_run_dir(
+        tmp_path / "vanilla",
+        [validation_line(0, counts(22, 14, 10, 10)), validation_line(3, counts(46, 27, 27, 23))],
+    )
     runs = {"SEAL": plots.read_metrics(seal), "Vanilla RL": plots.read_metrics(vanilla / "metrics.jsonl")}
     out = plots.plot_validation_curves(runs, tmp_path / "fig" / "figure3.png", size_in=(6.0, 4.0), dpi=50)
     image = read_png(out)
@@ -100,8 +102,9 @@ def test_cli_writes_both_pngs(tmp_path: Path) -> None:
     seal = write_run_dir(tmp_path / "seal", seal_lines())
     vanilla = write_run_dir(tmp_path / "vanilla", [validation_line(0, counts(22, 14, 10, 10))])
     out_dir = tmp_path / "figures"
-    code = plot_curves.main(["--run", f"SEAL={seal}", "--run", f"Vanilla RL={vanilla}",
-                             "--out-dir", str(out_dir), "--dpi", "20"])
+    code = plot_curves.main(
+        ["--run", f"SEAL={seal}", "--run", f"Vanilla RL={vanilla}", "--out-dir", str(out_dir), "--dpi", "20"]
+    )
     assert code == 0
     assert read_png(out_dir / plot_curves.FIGURE3).shape[:2] == (160, 300)  # 15 x 8 in at 20 dpi
     assert read_png(out_dir / plot_curves.FAILURE_PROFILE).shape[:2] == (90, 210)  # 7 * 1.5 x 4.5 in

@@ -54,7 +54,9 @@ def test_binomial_formatting_hand_computed() -> None:
 
 @pytest.mark.parametrize("source", ["summary", "results"])
 def test_held_in_row_numbers_and_deltas(tmp_path: Path, source: str) -> None:
-    eval_dir = write_eval_dir(tmp_path / "seal7b", COUNTS, results=source == "results", summary=source == "summary")
+    eval_dir = write_eval_dir(
+        tmp_path / "seal7b", COUNTS, results=source == "results", summary=source == "summary"
+    )
     held_in = tables.load_held_in({"Qwen2.5-7B-Instruct+SEAL": eval_dir})
     markdown = tables.render_tables(held_in, {})
     cells = cells_by_header(markdown, "BFCL V3", "Qwen2.5-7B-Instruct + SEAL")
@@ -68,7 +70,11 @@ def test_held_in_row_numbers_and_deltas(tmp_path: Path, source: str) -> None:
     assert cells["Average (paper)"] == "40.25"
     assert cells["Base (paper)"] == "58.00"
     assert [cells[f"{h} Δ"] for h in ("Average", "Base", "Miss Func", "Miss Param", "Long Context")] == [
-        "-11.00", "-21.00", "+14.00", "-14.00", "-23.00"
+        "-11.00",
+        "-21.00",
+        "+14.00",
+        "-14.00",
+        "-23.00",
     ]
 
 
@@ -88,14 +94,18 @@ def test_rows_without_data_show_dash_and_paper_numbers(tmp_path: Path) -> None:
 def test_ablation_table_reuses_held_in_rows(tmp_path: Path) -> None:
     vanilla = write_eval_dir(tmp_path / "vanilla", {c: 30 for c in CATEGORIES})
     ablated = write_eval_dir(tmp_path / "worew", {c: 40 for c in CATEGORIES}, results=False)
-    held_in = tables.load_held_in({"qwen7b+vanilla_rl": vanilla, "Qwen2.5-7B-Instruct + w/o reweighting": ablated})
+    held_in = tables.load_held_in(
+        {"qwen7b+vanilla_rl": vanilla, "Qwen2.5-7B-Instruct + w/o reweighting": ablated}
+    )
     markdown = tables.render_tables(held_in, {}, ["ablation"])
     assert "### BFCL V3" not in markdown
     # 30/100: sqrt(.21/100)=4.58; average stderr sqrt(4*.0021)/4 = 0.022913 -> 2.29
     vanilla_cells = cells_by_header(markdown, "Ablation", "Qwen2.5-7B-Instruct + Vanilla RL")
     assert vanilla_cells["Average (ours)"] == "30.00 ± 2.29"
     assert vanilla_cells["Average Δ"] == "-0.75"
-    ablated_cells = cells_by_header(markdown, "Ablation", "Qwen2.5-7B-Instruct + w/o diagnosis-guided reweighting")
+    ablated_cells = cells_by_header(
+        markdown, "Ablation", "Qwen2.5-7B-Instruct + w/o diagnosis-guided reweighting"
+    )
     assert ablated_cells["Base (ours)"] == "40.00 ± 4.90"
     assert ablated_cells["Base (paper)"] == "48.00"
     assert ablated_cells["Base Δ"] == "-8.00"
@@ -103,10 +113,20 @@ def test_ablation_table_reuses_held_in_rows(tmp_path: Path) -> None:
 
 
 def test_ood_table_merges_suites_and_averages(tmp_path: Path) -> None:
-    v4 = write_eval_dir(tmp_path / "v4", {"web_search": 20, "memory": 45}, {"web_search": 200, "memory": 150},
-                        results=False, split="bfcl_v4")
-    tau = write_eval_dir(tmp_path / "tau", {"retail": 57, "airline": 10}, {"retail": 114, "airline": 50},
-                         results=False, split="tau2")
+    v4 = write_eval_dir(
+        tmp_path / "v4",
+        {"web_search": 20, "memory": 45},
+        {"web_search": 200, "memory": 150},
+        results=False,
+        split="bfcl_v4",
+    )
+    tau = write_eval_dir(
+        tmp_path / "tau",
+        {"retail": 57, "airline": 10},
+        {"retail": 114, "airline": 50},
+        results=False,
+        split="tau2",
+    )
     ood = tables.load_ood({"Qwen2.5-7B-Instruct+SEAL": [v4, tau]})
     markdown = tables.render_tables({}, ood, ["ood"])
     cells = cells_by_header(markdown, "Out-of-distribution", "Qwen2.5-7B-Instruct + SEAL")
@@ -198,13 +218,17 @@ def test_run_directory_resolution(tmp_path: Path) -> None:
 def test_cli_with_mapping_file_and_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_eval_dir(tmp_path / "runs" / "seal7b" / "eval" / "best", COUNTS)
     vanilla = write_eval_dir(tmp_path / "vanilla3b", {c: 9 for c in CATEGORIES}, results=False)
-    write_eval_dir(tmp_path / "runs" / "v4", {"web_search": 20, "memory": 45}, {"web_search": 200, "memory": 150})
+    write_eval_dir(
+        tmp_path / "runs" / "v4", {"web_search": 20, "memory": 45}, {"web_search": 200, "memory": 150}
+    )
     mapping = tmp_path / "tables.yaml"
     mapping.write_text(
         "held_in:\n  Qwen2.5-7B-Instruct+SEAL: runs/seal7b\nood:\n  Qwen2.5-7B-Instruct+SEAL: [runs/v4]\n"
     )
     out = tmp_path / "out" / "tables.md"
-    code = make_tables.main(["--map", str(mapping), "--row", f"qwen3b+vanilla_rl={vanilla}", "--out", str(out)])
+    code = make_tables.main(
+        ["--map", str(mapping), "--row", f"qwen3b+vanilla_rl={vanilla}", "--out", str(out)]
+    )
     assert code == 0
     markdown = out.read_text()
     assert cells_by_header(markdown, "BFCL V3", "Qwen2.5-7B-Instruct + SEAL")["Base (ours)"] == "37.00 ± 4.83"
@@ -212,9 +236,10 @@ def test_cli_with_mapping_file_and_rows(tmp_path: Path, capsys: pytest.CaptureFi
     vanilla_cells = cells_by_header(markdown, "BFCL V3", "Qwen2.5-3B-Instruct + Vanilla RL")
     assert vanilla_cells["Base (ours)"] == "9.00 ± 2.86"
     assert vanilla_cells["Base Δ"] == "-7.00"
-    assert cells_by_header(markdown, "Out-of-distribution", "Qwen2.5-7B-Instruct + SEAL")[
-        "BFCL V4 Avg (ours)"
-    ] == "20.00 ± 2.15"
+    assert (
+        cells_by_header(markdown, "Out-of-distribution", "Qwen2.5-7B-Instruct + SEAL")["BFCL V4 Avg (ours)"]
+        == "20.00 ± 2.15"
+    )
 
     code = make_tables.main(["--row", f"llama70b+seal={vanilla}"])
     assert code == 2
