@@ -445,15 +445,15 @@ def schema_instruction(schema: Any) -> str | None:
         return None
     parts: list[str] = ["Schema notes:"]
     if switches.required:
-        parts.append(f"a parameter tagged {REQUIRED_MARKER} has to be present in every call of its tool.")
+        parts.append(f"A parameter tagged {REQUIRED_MARKER} has to be present in every call of its tool.")
     if switches.types:
-        parts.append(f"send each argument as the JSON type given in its {TYPE_MARKER_PREFIX} ...) tag.")
+        parts.append(f"Send each argument as the JSON type given in its {TYPE_MARKER_PREFIX} ...) tag.")
     if switches.enum:
         parts.append(
-            "where a parameter lists its accepted values, pass one of them spelled exactly as listed."
+            "Where a parameter lists its accepted values, pass one of them spelled exactly as listed."
         )
     if switches.hide_optional:
-        parts.append("optional parameters are left out of the tool descriptions.")
+        parts.append("Optional parameters are left out of the tool descriptions.")
     parts.append("Call only tools you have been given, by their exact names.")
     return " ".join(parts)
 
