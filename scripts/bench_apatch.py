@@ -78,9 +78,10 @@ def main() -> int:
         t3 = time.perf_counter()
         omega = evolve(omega, failure_profile(state), evolve_cfg)
         t4 = time.perf_counter()
-        for key, dt in zip(timings, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+        for key, dt in zip(timings, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
             timings[key].append(dt * 1e3)
-    total = [a + b + c for a, b, c in zip(timings["observe"], timings["update_weights"], timings["apply_apatch"])]
+    parts = (timings["observe"], timings["update_weights"], timings["apply_apatch"])
+    total = [sum(values) for values in zip(*parts, strict=True)]
 
     print(f"{n} trajectories x {args.turns} turns, response_len {length}, {args.vocabulary} vocabulary, "
           f"{args.repeats} steps, torch threads {torch.get_num_threads()}")

@@ -274,7 +274,7 @@ class CapabilityState:
             if group is None:
                 group = groups[(category, reward, success)] = [Counter(), Counter(), 0]
             group[0].update(tags)
-            group[1].update(zip(turn_positions(len(tags)), tags))
+            group[1].update(zip(turn_positions(len(tags)), tags, strict=True))
             group[2] += 1
             _add(total_tasks, task_id, 1.0, success, reward, partial)
             _add(window_tasks, task_id, 1.0, success, reward, partial)
@@ -337,7 +337,7 @@ class CapabilityState:
 
         def dump(buckets: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
             fields = ("count", "success", "reward_sum", "partial_count")
-            return {name: {k: dict(zip(fields, v)) for k, v in b.items()} for name, b in buckets.items()}
+            return {name: {k: dict(zip(fields, v, strict=True)) for k, v in b.items()} for name, b in buckets.items()}
 
         return {
             "format": STATE_FORMAT,

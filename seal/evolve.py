@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from env_service import vocab
+from env_service.interface import MAX_CUE_TEXT_CHARS, MAX_CUES
 from seal.config_parsing import apply_release_zero_fallback, config_from_mapping
 from seal.profile import FailureProfile
 from seal.weights import UNKNOWN_TAG, check_vocabulary
@@ -137,12 +138,21 @@ class EvolveConfig:
             value = getattr(self, name)
             if int(value) != value or value < 0:
                 raise ValueError(f"evolve.{name} must be a non-negative integer, got {value}")
+        if self.max_cues > MAX_CUES:
+            raise ValueError(f"evolve.max_cues must be <= {MAX_CUES} (the env service's limit), got {self.max_cues}")
         if self.error_tags is not None:
             object.__setattr__(self, "error_tags", tuple(self.error_tags))
         overrides = dict(self.cue_texts)
-        bad = sorted(k for k, v in overrides.items() if k in NON_CUE_TAGS or not (v is None or isinstance(v, str)))
+        bad = sorted(
+            k for k, v in overrides.items()
+            if k in NON_CUE_TAGS
+            or not (v is None or (isinstance(v, str) and "\n" not in v and len(v.strip()) <= MAX_CUE_TEXT_CHARS))
+        )
         if bad:
-            raise ValueError(f"evolve.cue_texts: invalid entries {bad} (failure tags only, text or null)")
+            raise ValueError(
+                f"evolve.cue_texts: invalid entries {bad} (failure tags only; one line of at most "
+                f"{MAX_CUE_TEXT_CHARS} characters, or null)"
+            )
         object.__setattr__(self, "cue_texts", overrides)
 
     @classmethod
@@ -206,7 +216,9 @@ def _error_feedback(omega: Mapping[str, Any], profile: FailureProfile, cfg: Evol
     return count > 0 and prevalence >= cfg.error_threshold and count >= cfg.error_min_count
 
 
-def _cue_tags(omega: Mapping[str, Any], profile: FailureProfile, cfg: EvolveConfig, texts: Mapping[str, str]) -> list[str]:
+def _cue_tags(
+    omega: Mapping[str, Any], profile: FailureProfile, cfg: EvolveConfig, texts: Mapping[str, str]
+) -> list[str]:
     if not cfg.cues or cfg.max_cues == 0:
         return []
     incumbents = {c["tag"] for c in omega["cues"]}

@@ -73,7 +73,10 @@ class FailureProfile:
             "excluded_count": self.excluded_count,
             "tags": {t: vars(p) for t, p in self.tags.items()},
             "categories": {
-                c: {**{k: v for k, v in vars(p).items() if k != "tags"}, "tags": {t: vars(q) for t, q in p.tags.items()}}
+                c: {
+                    **{k: v for k, v in vars(p).items() if k != "tags"},
+                    "tags": {t: vars(q) for t, q in p.tags.items()},
+                }
                 for c, p in self.categories.items()
             },
         }

@@ -155,6 +155,10 @@ def test_cue_overrides_and_explicit_zero():
     assert release.max_cues == 3
     with pytest.raises(ValueError):
         EvolveConfig(cue_texts={"pass": "well done"})
+    with pytest.raises(ValueError):
+        EvolveConfig(cue_texts={STATE: "two\nlines"})
+    with pytest.raises(ValueError):
+        EvolveConfig(max_cues=9)  # more than the env service accepts
     with pytest.raises(ValueError, match="unknown keys"):
         EvolveConfig.from_dict({"max_lines": 3})
     with pytest.raises(ValueError):
@@ -212,3 +216,17 @@ def test_cue_texts_never_name_a_tool():
     for tag, text in CUE_TEXTS.items():
         words = set(re.findall(r"[A-Za-z_]+", text))
         assert not words & names, f"cue for {tag} names BFCL tools {sorted(words & names)}"
+
+
+def test_evolved_interfaces_pass_the_services_validation():
+    # Contract with env_service/interface.py: whatever evolve produces, the service accepts.
+    from env_service.interface import MAX_CUES, parse_interface
+
+    every_tag = profile(**{tag: (50, 0.5, 0.0) for tag in FAILURE_TAGS})
+    for vocabulary in ("progress", "paper"):
+        cfg = EvolveConfig(vocabulary=vocabulary, max_cues=MAX_CUES, error_feedback="adaptive")
+        omega = evolve(initial_interface(cfg), every_tag, cfg)
+        assert len(omega["cues"]) == MAX_CUES and omega["error_feedback"] is True
+        parsed = parse_interface(omega)
+        assert [c.tag for c in parsed.cues] == cue_tags(omega)
+        parse_interface(initial_interface(cfg))
