@@ -63,7 +63,7 @@ class APatchConfig:
         if int(self.warmup_steps) != self.warmup_steps or self.warmup_steps < 0:
             raise ValueError(f"apatch.warmup_steps must be a non-negative integer, got {self.warmup_steps!r}")
         check_scale_range(self.min_scale, self.max_scale)
-        weights = {str(k): float(v) for k, v in dict(self.tag_weights).items()}
+        weights = {str(k): float(v) for k, v in dict(self.tag_weights or {}).items()}
         allowed = known_tags(self.vocabulary)
         bad = sorted(k for k, v in weights.items() if k not in allowed or not math.isfinite(v) or v < 0)
         if bad:

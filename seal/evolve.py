@@ -38,7 +38,7 @@ from env_service import vocab
 from env_service.interface import MAX_CUE_TEXT_CHARS, MAX_CUES
 from seal.config_parsing import apply_release_zero_fallback, config_from_mapping
 from seal.profile import FailureProfile
-from seal.weights import UNKNOWN_TAG, check_vocabulary
+from seal.weights import UNKNOWN_TAG, check_vocabulary, known_tags
 
 ERROR_FEEDBACK_MODES = ("off", "on", "adaptive")
 
@@ -142,7 +142,10 @@ class EvolveConfig:
             raise ValueError(f"evolve.max_cues must be <= {MAX_CUES} (the env service's limit), got {self.max_cues}")
         if self.error_tags is not None:
             object.__setattr__(self, "error_tags", tuple(self.error_tags))
-        overrides = dict(self.cue_texts)
+            unknown = sorted(set(self.error_tags) - known_tags(self.vocabulary))
+            if unknown:
+                raise ValueError(f"evolve.error_tags: {unknown} are not tags of the {self.vocabulary!r} vocabulary")
+        overrides = dict(self.cue_texts or {})
         bad = sorted(
             k for k, v in overrides.items()
             if k in NON_CUE_TAGS

@@ -159,6 +159,9 @@ def test_cue_overrides_and_explicit_zero():
         EvolveConfig(cue_texts={STATE: "two\nlines"})
     with pytest.raises(ValueError):
         EvolveConfig(max_cues=9)  # more than the env service accepts
+    with pytest.raises(ValueError):
+        EvolveConfig(vocabulary="paper", error_tags=["empty_turn_model_response"])
+    assert EvolveConfig.from_dict({"error_tags": ["state_mismatch"]}).feedback_tags() == ("state_mismatch",)
     with pytest.raises(ValueError, match="unknown keys"):
         EvolveConfig.from_dict({"max_lines": 3})
     with pytest.raises(ValueError):
