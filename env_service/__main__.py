@@ -17,19 +17,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m env_service", description=__doc__)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8082)
-    p.add_argument("--step-limit-scope", choices=["episode", "turn"], default="episode",
-                   help="episode: at most --max-steps model calls per episode (release); turn: per user turn (BFCL)")
+    p.add_argument(
+        "--step-limit-scope",
+        choices=["episode", "turn"],
+        default="episode",
+        help="episode: at most --max-steps model calls per episode (release); turn: per user turn (BFCL)",
+    )
     p.add_argument("--max-steps", type=int, default=20)
-    p.add_argument("--no-strict-availability", action="store_true",
-                   help="let held-out miss_func tools be called before their reveal turn (official BFCL harness)")
-    p.add_argument("--release-reveal-note", action="store_true",
-                   help="append BFCL's 'Python 3 syntax' note to revealed docs, as the release did (bug)")
+    p.add_argument(
+        "--no-strict-availability",
+        action="store_true",
+        help="let held-out miss_func tools be called before their reveal turn (official BFCL harness)",
+    )
+    p.add_argument(
+        "--release-reveal-note",
+        action="store_true",
+        help="append BFCL's 'Python 3 syntax' note to revealed docs, as the release did (bug)",
+    )
     p.add_argument("--ttl", type=float, default=3600.0, help="seconds before an idle episode expires")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20)
     p.add_argument("--max-episodes", type=int, default=20_000)
     p.add_argument("--split-file", default=None)
-    p.add_argument("--token", default=os.environ.get("SEAL_ENV_TOKEN"),
-                   help="require 'Authorization: Bearer <token>' (default: $SEAL_ENV_TOKEN)")
+    p.add_argument(
+        "--token",
+        default=os.environ.get("SEAL_ENV_TOKEN"),
+        help="require 'Authorization: Bearer <token>' (default: $SEAL_ENV_TOKEN)",
+    )
     p.add_argument("--log-level", default="warning")
     return p.parse_args(argv)
 

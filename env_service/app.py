@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -77,16 +78,20 @@ def _parse(model: type[BaseModel], body: bytes) -> Any:
         raise ApiError(422, "invalid_request", detail) from None
 
 
-class BodyLimit:
-    """ASGI middleware: refuse bodies over ``limit`` bytes with 413 before the handler reads them all."""
+class Gate:
+    """Pure ASGI middleware (cheap, unlike Starlette's ``BaseHTTPMiddleware``): the optional bearer token
+    (401) and the body size limit (413, refused before the handler reads the whole body)."""
 
-    def __init__(self, app, limit: int) -> None:
+    def __init__(self, app, limit: int, token: str | None) -> None:
         self.app, self.limit = app, limit
+        self.authorization = f"Bearer {token}".encode() if token else None
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
+        if self.authorization and scope["path"] != "/healthz" and headers.get(b"authorization") != self.authorization:
+            return await _error(401, "unauthorized", "missing or wrong bearer token")(scope, receive, send)
         length = headers.get(b"content-length")
         too_big = _error(413, "body_too_large", f"request body exceeds {self.limit} bytes")
         if length is not None and length.isdigit() and int(length) > self.limit:
@@ -112,6 +117,10 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
     from env_service.store import EpisodeStore
 
     store = EpisodeStore(config.ttl_s, config.max_episodes)
+    # The task tables and imported modules are hundreds of thousands of long-lived objects; freezing them
+    # keeps full garbage collections (which would stall every open request) short.
+    gc.collect()
+    gc.freeze()
     counters = {"created": 0, "evaluated": 0, "deleted": 0}
     process = psutil.Process(os.getpid())
 
@@ -144,16 +153,6 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
     async def _unexpected(_request: Request, exc: Exception) -> Response:
         log.exception("unexpected error")
         return _error(500, "internal_error", f"{type(exc).__name__}: {str(exc)[:200]}")
-
-    @app.middleware("http")
-    async def _auth(request: Request, call_next):
-        if config.token and request.url.path != "/healthz":
-            if request.headers.get("authorization") != f"Bearer {config.token}":
-                return _error(401, "unauthorized", "missing or wrong bearer token")
-        try:
-            return await call_next(request)
-        except ApiError as exc:  # raised while reading the body (size limit)
-            return _error(exc.status, exc.code, exc.message)
 
     def episode_or_404(episode_id: str) -> Episode:
         episode = store.get(episode_id)
@@ -221,7 +220,10 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
                     "num_turns": task.num_turns,
                     "mode": req.mode,
                     "interface_version": interface.version,
-                    "step_limit": {"scope": episode.step_limit.scope, "max_steps": episode.step_limit.max_steps},
+                    "step_limit": {
+                        "scope": episode.step_limit.scope,
+                        "max_steps": episode.step_limit.max_steps,
+                    },
                 },
             },
             201,
@@ -251,4 +253,4 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
         counters["deleted"] += 1
         return Response(status_code=204)
 
-    return BodyLimit(app, config.max_body_bytes)
+    return Gate(app, config.max_body_bytes, config.token)

@@ -16,22 +16,22 @@ if not os.environ.get("BFCL_PROJECT_ROOT"):
     _root.mkdir(parents=True, exist_ok=True)
     os.environ["BFCL_PROJECT_ROOT"] = str(_root)
 
-import bfcl_eval  # noqa: E402
-from bfcl_eval.constants.default_prompts import (  # noqa: E402
+import bfcl_eval
+from bfcl_eval.constants.default_prompts import (
     DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING,
 )
-from bfcl_eval.constants.executable_backend_config import (  # noqa: E402
+from bfcl_eval.constants.executable_backend_config import (
     CLASS_FILE_PATH_MAPPING,
     MULTI_TURN_FUNC_DOC_FILE_MAPPING,
     STATELESS_CLASSES,
 )
-from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils  # noqa: E402
-from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import (  # noqa: E402
+from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
+from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import (
     multi_turn_checker,
     response_checker,
     state_checker,
 )
-from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import (  # noqa: E402
+from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import (
     execute_multi_turn_func_call,
     is_empty_execute_response,
 )

@@ -21,45 +21,11 @@ keep their tag so that A-Patch and the capability state can exclude them in eith
 
 from __future__ import annotations
 
-import json
-import re
 from collections import Counter
 
 from env_service import vocab
-from env_service.executor import ERROR_PREFIX
+from env_service.tool_errors import is_argument_error
 from env_service.trajectory import Turn
-
-# Error texts that mean "the arguments were wrong", as BFCL's classes and Python produce them.
-ARGUMENT_ERROR = re.compile(
-    r"missing \d+ required (positional|keyword-only) argument"
-    r"|got an unexpected keyword argument"
-    r"|got multiple values for argument"
-    r"|takes \d+ positional arguments? but"
-    r"|not supported between instances of"
-    r"|unsupported operand type"
-    r"|must be (a |an )?(str|int|float|real number|list|dict)"
-    r"|object is not (iterable|subscriptable)"
-    r"|can only concatenate"
-    r"|invalid literal for"
-    r"|could not convert"
-    r"|\binvalid (value|type|argument|parameter|input)"
-    r"|\bmust be one of\b",
-    re.IGNORECASE,
-)
-
-
-def error_message(result: str) -> str:
-    """The message inside a tool error result (``Error during execution: ...`` or ``{"error": ...}``)."""
-    if result.startswith(ERROR_PREFIX):
-        return result[len(ERROR_PREFIX):]
-    try:
-        return str(json.loads(result).get("error", result))
-    except (ValueError, AttributeError):
-        return result
-
-
-def is_argument_error(result: str) -> bool:
-    return bool(ARGUMENT_ERROR.search(error_message(result)))
 
 
 def paper_label(tag: str, turn: Turn | None, gt_names: list[str]) -> str:
@@ -76,7 +42,9 @@ def paper_label(tag: str, turn: Turn | None, gt_names: list[str]) -> str:
 
     if rejected or tag == vocab.SPURIOUS_TOOL_CALL:
         return vocab.INVALID_TOOL_CALL
-    if any(is_argument_error(e) for e in errors) or (tag == vocab.STATE_MISMATCH and calls and not missing_names):
+    if any(is_argument_error(e) for e in errors) or (
+        tag == vocab.STATE_MISMATCH and calls and not missing_names
+    ):
         return vocab.ARGUMENT_MISMATCH
     if tag in (vocab.STATE_MISMATCH, vocab.INSTANCE_MISMATCH):
         return vocab.STATE_MISMATCH

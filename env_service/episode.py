@@ -19,11 +19,12 @@ from env_service import interface as iface
 from env_service import vocab
 from env_service.calls import is_valid_argument_name
 from env_service.config import EpisodeConfig, StepLimit
-from env_service.executor import ToolExecutor, is_error_result
+from env_service.executor import ToolExecutor
 from env_service.grading import grade
 from env_service.parser import parse_tool_calls
 from env_service.prompts import rejected_call_message, reveal_message, system_prompt, tool_response
 from env_service.tasks import Task
+from env_service.tool_errors import is_error_result
 from env_service.trajectory import AcceptedCall, Step, Turn
 
 _PYTHON_NOTE = " Note that the provided function is in Python 3 syntax."
@@ -118,7 +119,9 @@ class Episode:
         names = [c["name"] for c in calls]
         for call in calls:
             name = call["name"]
-            callable_now = name in self.available if self.config.strict_availability else self.executor.knows(name)
+            callable_now = (
+                name in self.available if self.config.strict_availability else self.executor.knows(name)
+            )
             # Only names of public BFCL methods ever reach the executor (and, later, BFCL's checker).
             if not callable_now or not self.executor.knows(name):
                 reason = f"'{name}' is not an available tool"
@@ -130,7 +133,9 @@ class Episode:
             if bad:
                 reason = f"argument name {bad[0]!r} of '{name}' is not a valid identifier"
                 turn.steps.append(Step(vocab.PARSE_ERROR, attempted=names, error=reason))
-                return rejected_call_message(reason) + self._hint(vocab.PARSE_ERROR, reason, name), vocab.PARSE_ERROR
+                return rejected_call_message(reason) + self._hint(
+                    vocab.PARSE_ERROR, reason, name
+                ), vocab.PARSE_ERROR
         accepted, parts, error_type = [], [], None
         for call in calls:
             result = self.executor.call(call["name"], call["arguments"])
@@ -175,7 +180,9 @@ class Episode:
         """Grade once; later calls return the same result and the episode takes no more steps."""
         if self.result is None:
             self.done = True
+            started = time.perf_counter()
             self.result = grade(self.task, self.turns, self.completed)
+            self.result["grade_ms"] = (time.perf_counter() - started) * 1000
             self.result["end_reason"] = self.end_reason or "evaluated_early"
             self.result["steps"] = self.steps_total
             self.executor = None  # the live instances are no longer needed

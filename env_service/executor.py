@@ -16,8 +16,7 @@ from functools import cache
 from typing import Any
 
 from env_service.bfcl import BFCL_FORBIDDEN_NAMES, CLASS_FILE_PATH_MAPPING, STATELESS_CLASSES
-
-ERROR_PREFIX = "Error during execution: "
+from env_service.tool_errors import ERROR_PREFIX
 
 # Arguments that make a single call run for minutes (e.g. power(10, 10**9) computes a billion-digit integer)
 # and would stall the whole service. The official harness has no guard; these bounds are far above any value
@@ -42,7 +41,9 @@ def public_method_names(class_name: str) -> tuple[str, ...]:
     # Same discovery as BFCL: bound methods of an instance, private names skipped.
     instance = tool_class(class_name)()
     return tuple(
-        name for name, _ in inspect.getmembers(instance, predicate=inspect.ismethod) if not name.startswith("_")
+        name
+        for name, _ in inspect.getmembers(instance, predicate=inspect.ismethod)
+        if not name.startswith("_")
     )
 
 
@@ -57,19 +58,6 @@ def format_result(result: Any) -> str:
         except Exception:
             return str(result)
     return str(result)
-
-
-def is_error_result(text: str) -> bool:
-    """True for BFCL execution errors and for the ``{"error": ...}`` dicts BFCL's classes return."""
-    if text.startswith(ERROR_PREFIX):
-        return True
-    if text.startswith("{") and '"error"' in text:
-        try:
-            parsed = json.loads(text)
-        except ValueError:
-            return False
-        return isinstance(parsed, dict) and bool(parsed.get("error"))
-    return False
 
 
 class ToolExecutor:

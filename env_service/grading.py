@@ -38,7 +38,9 @@ def official_verdict(task: Task, model_turns: list[list[list[str]]]) -> dict[str
     # this grading independent of every other one, and the keys are removed afterwards.
     model_name = f"seal_{uuid.uuid4().hex}"
     try:
-        result = multi_turn_checker(model_turns, task.ground_truth, task.test_entry, task.category, model_name)
+        result = multi_turn_checker(
+            model_turns, task.ground_truth, task.test_entry, task.category, model_name
+        )
     except Exception as exc:  # an exception inside BFCL's checker is a harness failure, not a policy verdict
         result = {"valid": False, "error_type": "checker_exception", "error_message": repr(exc)}
     finally:
@@ -140,11 +142,11 @@ def grade(task: Task, turns: list[Turn], completed: bool) -> dict[str, Any]:
     diagnosis = per_turn_diagnosis(task, turns)
     # Cross-check: BFCL's verdict and our per-turn pass replay the same calls, so a valid verdict must have no
     # failing scorable turn and vice versa (for a full-length trajectory). Disagreement flags a harness issue.
-    failing = any(
-        d["gt_calls"] > 0 and d["tag"] != vocab.PASS for d in diagnosis["turns"]
-    )
-    consistent = official["valid"] == (not failing) if len(model_turns) == len(task.ground_truth) else (
-        not official["valid"]
+    failing = any(d["gt_calls"] > 0 and d["tag"] != vocab.PASS for d in diagnosis["turns"])
+    consistent = (
+        official["valid"] == (not failing)
+        if len(model_turns) == len(task.ground_truth)
+        else (not official["valid"])
     )
     official["consistent_with_turns"] = consistent
     return {

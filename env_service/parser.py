@@ -63,7 +63,9 @@ def parse_tool_calls(text: str) -> ParsedMessage:
     outside = _BLOCK.sub("", text)
     content = _BLANK_RUNS.sub("\n\n", outside).strip()
     if OPEN in outside or CLOSE in outside:
-        return ParsedMessage(content=content, error="found a <tool_call> tag without a matching, well-formed block")
+        return ParsedMessage(
+            content=content, error="found a <tool_call> tag without a matching, well-formed block"
+        )
     calls, errors = [], []
     for body in bodies:
         call, error = _parse_block(body.strip())

@@ -56,7 +56,11 @@ class Task:
     @property
     def test_entry(self) -> dict:
         """The fields BFCL's multi-turn checker reads from a test entry."""
-        return {"id": self.id, "initial_config": self.initial_config, "involved_classes": self.involved_classes}
+        return {
+            "id": self.id,
+            "initial_config": self.initial_config,
+            "involved_classes": self.involved_classes,
+        }
 
     def all_tool_names(self) -> set[str]:
         names = {d["name"] for d in self.tools}

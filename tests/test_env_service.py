@@ -40,9 +40,11 @@ async def replay_all(url: str, task_ids: list[str], concurrency: int = 8) -> dic
     results: dict[str, dict] = {}
     sem = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+
         async def one(tid: str) -> None:
             async with sem:
                 results[tid] = await replay(client, tid)
+
         await asyncio.gather(*(one(t) for t in task_ids))
     return results
 
@@ -75,7 +77,9 @@ def test_health_tasks_and_create_shape(service_url):
         ids = httpx.get(f"{service_url}/tasks", params={"split": split}).json()["task_ids"]
         assert len(ids) == n
     assert httpx.get(f"{service_url}/tasks", params={"split": "eval"}).json()["task_ids"] == split_ids("eval")
-    created = httpx.post(f"{service_url}/episodes", json={"task_id": "multi_turn_miss_func_0", "mode": "eval"})
+    created = httpx.post(
+        f"{service_url}/episodes", json={"task_id": "multi_turn_miss_func_0", "mode": "eval"}
+    )
     body = created.json()
     assert created.status_code == 201
     assert [m["role"] for m in body["messages"]] == ["system", "user"]
@@ -84,7 +88,10 @@ def test_health_tasks_and_create_shape(service_url):
     assert system.endswith('{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
     assert '"name": "sort"' not in system  # held out until turn 3
     assert body["info"] == {
-        "category": "multi_turn_miss_func", "num_turns": 5, "mode": "eval", "interface_version": 0,
+        "category": "multi_turn_miss_func",
+        "num_turns": 5,
+        "mode": "eval",
+        "interface_version": 0,
         "step_limit": {"scope": "episode", "max_steps": 20},
     }
     assert len(body["tools"]) == len(load_tasks()["multi_turn_miss_func_0"].tools)
@@ -93,15 +100,23 @@ def test_health_tasks_and_create_shape(service_url):
 def test_isolation_32_concurrent_episodes(service_url):
     async def run() -> list[tuple[str, list[str]]]:
         async with httpx.AsyncClient(base_url=service_url, timeout=30) as client:
+
             async def one(i: int) -> tuple[str, list[str]]:
-                eid = (await client.post("/episodes", json={"task_id": "multi_turn_base_0"})).json()["episode_id"]
-                await client.post(f"/episodes/{eid}/step", json={"content": tool_call("mkdir", {"dir_name": f"d{i}"})})
+                eid = (await client.post("/episodes", json={"task_id": "multi_turn_base_0"})).json()[
+                    "episode_id"
+                ]
+                await client.post(
+                    f"/episodes/{eid}/step", json={"content": tool_call("mkdir", {"dir_name": f"d{i}"})}
+                )
                 await asyncio.sleep(0.01 * (i % 4))
-                await client.post(f"/episodes/{eid}/step", json={"content": tool_call("touch", {"file_name": f"f{i}"})})
+                await client.post(
+                    f"/episodes/{eid}/step", json={"content": tool_call("touch", {"file_name": f"f{i}"})}
+                )
                 reply = await client.post(f"/episodes/{eid}/step", json={"content": tool_call("ls", {})})
                 listing = json.loads(reply.json()["observation"]["content"].split("\n")[1])
                 await client.delete(f"/episodes/{eid}")
                 return f"d{i}", listing["current_directory_content"]
+
             return await asyncio.gather(*(one(i) for i in range(32)))
 
     baseline = None
@@ -134,7 +149,9 @@ INJECTIONS = [
 def test_injected_tool_names_are_refused(service_url, tmp_path, name):
     sentinel = tmp_path / "pwned"
     eid = httpx.post(f"{service_url}/episodes", json={"task_id": "multi_turn_base_0"}).json()["episode_id"]
-    content = tool_call(name.format(sentinel=sentinel), {"folder": f"__import__('os').system('touch {sentinel}')"})
+    content = tool_call(
+        name.format(sentinel=sentinel), {"folder": f"__import__('os').system('touch {sentinel}')"}
+    )
     reply = httpx.post(f"{service_url}/episodes/{eid}/step", json={"content": content}).json()
     assert reply["info"]["error_type"] == "unavailable_tool"
     assert reply["observation"]["content"].startswith("[ERROR]")
@@ -148,8 +165,9 @@ def test_code_in_arguments_is_data(service_url, tmp_path):
     sentinel = tmp_path / "pwned"
     eid = httpx.post(f"{service_url}/episodes", json={"task_id": "multi_turn_base_0"}).json()["episode_id"]
     payload = f"__import__('os').system('touch {sentinel}')"
-    reply = httpx.post(f"{service_url}/episodes/{eid}/step",
-                       json={"content": tool_call("cd", {"folder": payload})}).json()
+    reply = httpx.post(
+        f"{service_url}/episodes/{eid}/step", json={"content": tool_call("cd", {"folder": payload})}
+    ).json()
     assert reply["info"]["error_type"] == "tool_error"  # a folder with that odd name does not exist
     bad_key = tool_call("cd", {f"folder=1); __import__('os').system('touch {sentinel}'); (x": "a"})
     reply = httpx.post(f"{service_url}/episodes/{eid}/step", json={"content": bad_key}).json()
@@ -172,30 +190,52 @@ def test_bad_requests_get_json_4xx_and_service_survives(service_url):
     check(httpx.post(f"{url}/episodes/nope/evaluate"), 404)
     check(httpx.delete(f"{url}/episodes/nope"), 404)
     check(httpx.post(f"{url}/episodes", json={"task_id": "no_such_task"}), 404, "unknown_task")
-    check(httpx.post(f"{url}/episodes", content=b"{not json", headers={"content-type": "application/json"}),
-          400, "malformed_json")
+    check(
+        httpx.post(f"{url}/episodes", content=b"{not json", headers={"content-type": "application/json"}),
+        400,
+        "malformed_json",
+    )
     check(httpx.post(f"{url}/episodes", json={"mode": "train"}), 422)
     check(httpx.post(f"{url}/episodes", json={"task_id": "multi_turn_base_0", "mode": "test"}), 422)
     check(httpx.post(f"{url}/episodes", json={"task_id": "multi_turn_base_0", "bogus": 1}), 422)
-    check(httpx.post(f"{url}/episodes", json={"task_id": "multi_turn_base_0", "mode": "eval",
-                                              "interface": {"error_feedback": True}}), 400, "interface_in_eval")
-    check(httpx.post(f"{url}/episodes", json={"task_id": "multi_turn_base_0", "interface": {"cues": "x"}}), 422,
-          "invalid_interface")
+    check(
+        httpx.post(
+            f"{url}/episodes",
+            json={"task_id": "multi_turn_base_0", "mode": "eval", "interface": {"error_feedback": True}},
+        ),
+        400,
+        "interface_in_eval",
+    )
+    check(
+        httpx.post(f"{url}/episodes", json={"task_id": "multi_turn_base_0", "interface": {"cues": "x"}}),
+        422,
+        "invalid_interface",
+    )
     check(httpx.post(f"{url}/episodes", json={"task_id": "multi_turn_base_0", "episode_id": "../x"}), 422)
     check(httpx.post(f"{url}/episodes", content=b"x" * ((1 << 20) + 1)), 413, "body_too_large")
     check(httpx.get(f"{url}/tasks", params={"split": "dev"}), 400)
     check(httpx.get(f"{url}/no/such/route"), 404)
     check(httpx.put(f"{url}/healthz"), 405)
 
-    eid = httpx.post(f"{url}/episodes", json={"task_id": "multi_turn_base_25", "episode_id": "fixed-1"}).json()[
-        "episode_id"]
+    eid = httpx.post(
+        f"{url}/episodes", json={"task_id": "multi_turn_base_25", "episode_id": "fixed-1"}
+    ).json()["episode_id"]
     check(httpx.post(f"{url}/episodes", json={"task_id": "multi_turn_base_25", "episode_id": "fixed-1"}), 409)
     check(httpx.post(f"{url}/episodes/{eid}/step", json={"content": 5}), 422)
-    check(httpx.post(f"{url}/episodes/{eid}/step", content=b"[1,", headers={"content-type": "application/json"}),
-          400)
+    check(
+        httpx.post(
+            f"{url}/episodes/{eid}/step", content=b"[1,", headers={"content-type": "application/json"}
+        ),
+        400,
+    )
     # garbage inside an assistant message is an observation for the model, never an HTTP error
-    for garbage in ["\x00\ufffd<tool_call>", "</tool_call></tool_call>", "<tool_call>" * 1000, "🙂" * 5000,
-                    '<tool_call>{"name": "cat", "arguments": {"file_name": {"$ref": [1, [2, [3]]]}}}</tool_call>']:
+    for garbage in [
+        "\x00\ufffd<tool_call>",
+        "</tool_call></tool_call>",
+        "<tool_call>" * 1000,
+        "🙂" * 5000,
+        '<tool_call>{"name": "cat", "arguments": {"file_name": {"$ref": [1, [2, [3]]]}}}</tool_call>',
+    ]:
         reply = httpx.post(f"{url}/episodes/{eid}/step", json={"content": garbage})
         assert reply.status_code == 200, reply.text
     for _ in range(30):  # run the episode out of steps
@@ -211,7 +251,10 @@ def test_bad_requests_get_json_4xx_and_service_survives(service_url):
 def test_ttl_expiry():
     with running_service("--ttl", "0.5") as (url, _):
         eid = httpx.post(f"{url}/episodes", json={"task_id": "multi_turn_base_0"}).json()["episode_id"]
-        assert httpx.post(f"{url}/episodes/{eid}/step", json={"content": tool_call("pwd", {})}).status_code == 200
+        assert (
+            httpx.post(f"{url}/episodes/{eid}/step", json={"content": tool_call("pwd", {})}).status_code
+            == 200
+        )
         time.sleep(1.5)
         assert httpx.post(f"{url}/episodes/{eid}/step", json={"content": "x"}).status_code == 404
         assert httpx.get(f"{url}/stats").json()["expired_total"] == 1
@@ -227,17 +270,22 @@ def test_bearer_token():
 @pytest.mark.slow
 def test_no_leak_over_5000_cycles():
     with running_service() as (url, _):
+
         def rss() -> int:
             return httpx.get(f"{url}/stats").json()["rss_bytes"]
 
         async def cycles(n: int) -> None:
             ids = split_ids("eval")
             async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+
                 async def one(i: int) -> None:
-                    eid = (await client.post("/episodes", json={"task_id": ids[i % len(ids)]})).json()["episode_id"]
+                    eid = (await client.post("/episodes", json={"task_id": ids[i % len(ids)]})).json()[
+                        "episode_id"
+                    ]
                     await client.post(f"/episodes/{eid}/step", json={"content": tool_call("ls", {})})
                     await client.post(f"/episodes/{eid}/evaluate")
                     assert (await client.delete(f"/episodes/{eid}")).status_code == 204
+
                 for start in range(0, n, 16):
                     await asyncio.gather(*(one(i) for i in range(start, min(n, start + 16))))
 

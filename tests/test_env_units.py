@@ -60,8 +60,12 @@ def test_tasks_and_split():
         ("plain answer", 0, None),
         ("", 0, None),
         ('<tool_call>\n{"name": "ls", "arguments": {}}\n</tool_call>', 1, None),
-        ('<tool_call>{"name": "ls", "arguments": {}}</tool_call><tool_call>{"name": "pwd", "arguments": {}}</tool_call>',
-         2, None),
+        (
+            '<tool_call>{"name": "ls", "arguments": {}}</tool_call>'
+            '<tool_call>{"name": "pwd", "arguments": {}}</tool_call>',
+            2,
+            None,
+        ),
         ('<tool_call>{"name": "ls", "arguments": "{\\"a\\": true}"}</tool_call>', 1, None),
         ('<tool_call>{"name": "ls"}</tool_call>', 0, "both 'name' and 'arguments'"),
         ("<tool_call>[1, 2]</tool_call>", 0, "JSON object"),
@@ -71,7 +75,11 @@ def test_tasks_and_split():
         ('<tool_call>{"name": "ls", "arguments": [1]}</tool_call>', 0, "must be a JSON object"),
         ('<tool_call>{"name": 3, "arguments": {}}</tool_call>', 0, "non-empty string"),
         # one malformed block rejects the whole message, valid siblings included (strict, as the release)
-        ('<tool_call>{"name": "ls", "arguments": {}}</tool_call><tool_call>oops</tool_call>', 0, "not valid JSON"),
+        (
+            '<tool_call>{"name": "ls", "arguments": {}}</tool_call><tool_call>oops</tool_call>',
+            0,
+            "not valid JSON",
+        ),
     ],
 )
 def test_parser(text, n_calls, error):
@@ -96,9 +104,13 @@ def test_executor_results_match_bfcl_on_ground_truth():
         ours = ToolExecutor(task.involved_classes, task.initial_config, task.long_context)
         name = f"parity_{checked}"
         try:
-            for calls, strings in zip(task.gt_calls, task.ground_truth):
+            for calls, strings in zip(task.gt_calls, task.ground_truth, strict=True):
                 expected, _ = execute_multi_turn_func_call(
-                    strings, task.initial_config, task.involved_classes, name, task.id,
+                    strings,
+                    task.initial_config,
+                    task.involved_classes,
+                    name,
+                    task.id,
                     long_context=task.long_context,
                 )
                 assert [ours.call(c.name, c.arguments) for c in calls] == expected, task.id
@@ -113,9 +125,13 @@ def test_executor_error_text_matches_bfcl():
     task = TASKS["multi_turn_base_25"]
     ours = ToolExecutor(task.involved_classes, task.initial_config, False)
     expected, _ = execute_multi_turn_func_call(
-        ["cat(filename='x')", "cat(file_name='nope.txt')", "mean(numbers=[])"] if "MathAPI" in task.involved_classes
+        ["cat(filename='x')", "cat(file_name='nope.txt')", "mean(numbers=[])"]
+        if "MathAPI" in task.involved_classes
         else ["cat(filename='x')", "cat(file_name='nope.txt')"],
-        task.initial_config, task.involved_classes, "errtext", task.id,
+        task.initial_config,
+        task.involved_classes,
+        "errtext",
+        task.id,
     )
     got = [ours.call("cat", {"filename": "x"}), ours.call("cat", {"file_name": "nope.txt"})]
     assert got == expected[:2]
@@ -162,8 +178,13 @@ def test_release_reveal_note_switch():
 
 @pytest.mark.parametrize("scope, expected_steps", [("episode", 5), ("turn", 5)])
 def test_step_limit(scope, expected_steps):
-    ep = Episode("l", TASKS["multi_turn_base_0"], "train", parse_interface(None),
-                 EpisodeConfig(step_limit=StepLimit(scope, 5)))
+    ep = Episode(
+        "l",
+        TASKS["multi_turn_base_0"],
+        "train",
+        parse_interface(None),
+        EpisodeConfig(step_limit=StepLimit(scope, 5)),
+    )
     replies = [ep.step(tool_call("pwd", {})) for _ in range(expected_steps)]
     assert replies[-1]["done"] and replies[-1]["info"]["end_reason"] == "step_limit"
     assert replies[-1]["observation"] is None and not any(r["done"] for r in replies[:-1])
@@ -173,8 +194,13 @@ def test_step_limit(scope, expected_steps):
 
 
 def test_turn_scope_resets_each_turn():
-    ep = Episode("l", TASKS["multi_turn_base_0"], "train", parse_interface(None),
-                 EpisodeConfig(step_limit=StepLimit("turn", 3)))
+    ep = Episode(
+        "l",
+        TASKS["multi_turn_base_0"],
+        "train",
+        parse_interface(None),
+        EpisodeConfig(step_limit=StepLimit("turn", 3)),
+    )
     for _ in range(3):  # 2 calls + a plain reply per turn never hits 3 steps in one turn
         ep.step(tool_call("pwd", {}))
         ep.step(tool_call("pwd", {}))
@@ -193,17 +219,49 @@ def test_evaluate_once_then_frozen():
 @pytest.mark.parametrize(
     "task_id, turn0, label, tag",
     [
-        ("multi_turn_base_25", ["<tool_call>{bad json}</tool_call>"], "invalid_tool_call", "empty_turn_model_response"),
-        ("multi_turn_base_25", [tool_call("no_such_tool", {})], "invalid_tool_call", "empty_turn_model_response"),
-        ("multi_turn_base_25", [tool_call("cat", {"filename": "summary.txt"})], "argument_mismatch",
-         "response_mismatch"),
-        ("multi_turn_base_2", [tool_call("cd", {"folder": "documents"}), tool_call("touch", {"file_name": "X.txt"})],
-         "argument_mismatch", "state_mismatch"),
-        ("multi_turn_base_2", [tool_call("mkdir", {"dir_name": "elsewhere"})], "state_mismatch", "state_mismatch"),
-        ("multi_turn_base_25", [tool_call("cat", {"file_name": "nope.txt"})], "recovery_failure", "response_mismatch"),
+        (
+            "multi_turn_base_25",
+            ["<tool_call>{bad json}</tool_call>"],
+            "invalid_tool_call",
+            "empty_turn_model_response",
+        ),
+        (
+            "multi_turn_base_25",
+            [tool_call("no_such_tool", {})],
+            "invalid_tool_call",
+            "empty_turn_model_response",
+        ),
+        (
+            "multi_turn_base_25",
+            [tool_call("cat", {"filename": "summary.txt"})],
+            "argument_mismatch",
+            "response_mismatch",
+        ),
+        (
+            "multi_turn_base_2",
+            [tool_call("cd", {"folder": "documents"}), tool_call("touch", {"file_name": "X.txt"})],
+            "argument_mismatch",
+            "state_mismatch",
+        ),
+        (
+            "multi_turn_base_2",
+            [tool_call("mkdir", {"dir_name": "elsewhere"})],
+            "state_mismatch",
+            "state_mismatch",
+        ),
+        (
+            "multi_turn_base_25",
+            [tool_call("cat", {"file_name": "nope.txt"})],
+            "recovery_failure",
+            "response_mismatch",
+        ),
         ("multi_turn_base_25", [], "missing_tool_call", "empty_turn_model_response"),
-        ("multi_turn_base_100", [tool_call("get_stock_info", {"symbol": "AAPL"})], "response_mismatch",
-         "response_mismatch"),
+        (
+            "multi_turn_base_100",
+            [tool_call("get_stock_info", {"symbol": "AAPL"})],
+            "response_mismatch",
+            "response_mismatch",
+        ),
         ("multi_turn_base_25", [tool_call("cat", {"file_name": "summary.txt"})], "pass", "pass"),
     ],
 )
@@ -298,13 +356,15 @@ def test_verdict_parity_with_bfcl_checker_on_perturbed_trajectories():
         # one call per step, or all of a turn's calls in one parallel message
         parallel = rng.random() < 0.3
         messages = [
-            ([("".join(tool_call(c["name"], c["arguments"]) for c in t))] if t else []) if parallel
+            ([("".join(tool_call(c["name"], c["arguments"]) for c in t))] if t else [])
+            if parallel
             else [tool_call(c["name"], c["arguments"]) for c in t]
             for t in turns
         ]
         result = play(task.id, messages, OFFICIAL).evaluate()
         steps = [
-            ([[_call_string(c["name"], c["arguments"]) for c in t]] if t else []) if parallel
+            ([[_call_string(c["name"], c["arguments"]) for c in t]] if t else [])
+            if parallel
             else [[_call_string(c["name"], c["arguments"])] for c in t]
             for t in turns
         ]
