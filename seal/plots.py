@@ -11,7 +11,6 @@ Metric keys follow ``docs/run_directory.md``: ``val/accuracy/<category>``, ``val
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from env_service.vocab import CATEGORIES, PAPER_LABELS, PROGRESS_TAGS
+from seal.tables import binomial_stderr, read_results
 
 AVERAGE = "average"
 PANEL_TITLES: Mapping[str, str] = {
@@ -51,26 +51,19 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     if path.is_dir():
         path = path / "metrics.jsonl"
-    records = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{number}: not JSON ({exc.msg})") from None
-            step = record.get("step") if isinstance(record, dict) else None
-            if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-                raise ValueError(f"{path}:{number}: every line needs a non-negative integer 'step'")
-            records.append(record)
+    records = read_results(path)
+    for number, record in enumerate(records, 1):
+        step = record.get("step")
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ValueError(f"{path}: record {number}: every line needs a non-negative integer 'step'")
     return records
 
 
 def _stderr(p: float, n: Any) -> float | None:
+    """Binomial error when the count is known (a positive number), else None."""
     if not isinstance(n, (int, float)) or isinstance(n, bool) or n <= 0:
         return None
-    return math.sqrt(max(p * (1.0 - p), 0.0) / n)
+    return binomial_stderr(min(max(p, 0.0), 1.0), n)
 
 
 def validation_curve(records: Sequence[Mapping[str, Any]], metric: str) -> Curve:
