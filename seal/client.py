@@ -133,7 +133,11 @@ class EnvClient:
         max_retries: retries after the first attempt (so at most ``max_retries + 1`` attempts).
         backoff: base delay in seconds; attempt k waits ``backoff * 2**k`` times a jitter in [0.5, 1].
         token: optional bearer token sent as ``Authorization: Bearer <token>``.
-        max_connections: connection-pool size shared by all replicas (one per concurrent request).
+        max_connections: connections in total, shared by all replicas (one per concurrent request).
+        pool_size: connections per httpx pool. httpcore's pool bookkeeping on each request grows
+            with the square of the pool size (one 256-connection pool made the 256-episode benchmark
+            CPU-bound), so requests are spread over ceil(max_connections / pool_size) pools, each
+            request going to the pool with the fewest requests in flight.
         transport: optional httpx transport (tests pass ``httpx.MockTransport``).
     """
 
@@ -145,6 +149,7 @@ class EnvClient:
         backoff: float = 0.2,
         token: str | None = None,
         max_connections: int = 256,
+        pool_size: int = 8,
         transport: httpx.AsyncBaseTransport | None = None,
     ):
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
@@ -153,18 +158,24 @@ class EnvClient:
         for url in urls:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"base URL must start with http:// or https://, got {url!r}")
-        if max_retries < 0 or backoff < 0 or timeout <= 0:
-            raise ValueError("need max_retries >= 0, backoff >= 0, timeout > 0")
+        if max_retries < 0 or backoff < 0 or timeout <= 0 or max_connections <= 0 or pool_size <= 0:
+            raise ValueError("need max_retries >= 0, backoff >= 0, timeout > 0, max_connections > 0, pool_size > 0")
         self.base_urls = [u.rstrip("/") for u in urls]
         self.max_retries = max_retries
         self.backoff = backoff
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.AsyncClient(
-            headers=headers,
-            timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-            transport=transport,
-        )
+        n_pools = -(-max_connections // pool_size)
+        per_pool = -(-max_connections // n_pools)
+        self._pools = [
+            httpx.AsyncClient(
+                headers=headers,
+                timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
+                limits=httpx.Limits(max_connections=per_pool, max_keepalive_connections=per_pool),
+                transport=transport,
+            )
+            for _ in range(n_pools)
+        ]
+        self._in_flight = [0] * n_pools
         self._owner: dict[str, str] = {}  # episode id -> replica URL that created it
         self._live = {u: 0 for u in self.base_urls}  # live episodes per replica (created, not deleted)
         self._rr = itertools.count()
@@ -177,7 +188,8 @@ class EnvClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        for pool in self._pools:
+            await pool.aclose()
 
     def replica_of(self, episode_id: str) -> str:
         """The replica URL serving `episode_id` (the creating one; the only one with one replica)."""
@@ -204,10 +216,14 @@ class EnvClient:
         return self.backoff * (2**attempt) * random.uniform(0.5, 1.0)
 
     async def _send(self, method: str, url: str, body: Any = None) -> _Attempt:
+        k = min(range(len(self._pools)), key=self._in_flight.__getitem__)
+        self._in_flight[k] += 1
         try:
-            return _Attempt(response=await self._http.request(method, url, json=body))
+            return _Attempt(response=await self._pools[k].request(method, url, json=body))
         except httpx.TransportError as exc:
             return _Attempt(error=exc)
+        finally:
+            self._in_flight[k] -= 1
 
     @staticmethod
     def _retryable(attempt: _Attempt, safety: _Safety) -> bool:

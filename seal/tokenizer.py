@@ -21,6 +21,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+import unicodedata
 from pathlib import Path
 
 # The split pattern Qwen2/Qwen2.5 use before byte-level BPE (same as the tiktoken pattern of the
@@ -343,3 +344,56 @@ def build_qwen_tokenizer(cache_dir: str | os.PathLike | None = None):
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return _load_saved(target)
+
+
+class FastQwenEncoder:
+    """tiktoken-backed encoder giving the same ids as the Hugging Face Qwen2.5 tokenizer, ~15x faster.
+
+    Why: the HF `tokenizers` BPE with Qwen's split regex takes ~12 ms for a 25k-character BFCL system
+    prompt (tiktoken: ~0.8 ms), which alone exceeded the agent loop's per-call CPU budget. Equivalence:
+    added tokens (all 22, special or not) are matched as literal strings in both; the text between
+    them goes through the same split regex and the same BPE ranks. HF additionally NFC-normalises the
+    text between added tokens, so this encoder answers only for text that is already NFC and returns
+    None otherwise (callers then use the HF tokenizer). `tests/test_tokenizer.py` checks equality.
+    """
+
+    def __init__(self, ranks: dict[bytes, int] | None = None):
+        import tiktoken
+
+        specials = {content: FIRST_ADDED_ID + i for i, (content, _) in enumerate(QWEN25_ADDED_TOKENS)}
+        self._enc = tiktoken.Encoding(
+            "seal-qwen2.5",
+            pat_str=QWEN2_SPLIT_PATTERN,
+            mergeable_ranks=ranks if ranks is not None else load_qwen_ranks(),
+            special_tokens=specials,
+        )
+
+    def __call__(self, text: str) -> list[int] | None:
+        if not unicodedata.is_normalized("NFC", text):
+            return None
+        return self._enc.encode(text, allowed_special="all")
+
+
+_FAST_PROBES = (
+    "<|im_start|>system\nHi <tool_call>{\"a\": [1, 2.5]}</tool_call><|im_end|>\n<|im_start|>assistant\n",
+    "naïve café 你好 😀  \n\n\tdef f(x):\r\n    return x ** 2  # I'm   ",
+)
+_fast_encoder: FastQwenEncoder | None = None
+
+
+def fast_encoder_for(tokenizer) -> FastQwenEncoder | None:
+    """A `FastQwenEncoder` if `tokenizer` has Qwen2.5's vocabulary (checked on probes), else None."""
+    global _fast_encoder
+    try:
+        if len(tokenizer) != FIRST_ADDED_ID + len(QWEN25_ADDED_TOKENS):
+            return None
+        if tokenizer.convert_tokens_to_ids(EOS_TOKEN) != EOS_TOKEN_ID:
+            return None
+        if _fast_encoder is None:
+            _fast_encoder = FastQwenEncoder()
+    except (ImportError, TypeError, AttributeError, FileNotFoundError):
+        return None
+    for probe in _FAST_PROBES:
+        if _fast_encoder(probe) != list(tokenizer.encode(probe, add_special_tokens=False)):
+            return None
+    return _fast_encoder

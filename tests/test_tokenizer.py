@@ -63,6 +63,21 @@ def test_round_trip(tok, text):
     assert tok.decode(ids) == unicodedata.normalize("NFC", text)
 
 
+def test_fast_encoder_matches_the_hf_tokenizer(tok):
+    fast = qt.fast_encoder_for(tok)
+    assert fast is not None
+    chat = tok.apply_chat_template(
+        [{"role": "system", "content": TEXTS[3]}, {"role": "user", "content": TEXTS[1]},
+         {"role": "assistant", "content": '<tool_call>\n{"name": "x", "arguments": {}}\n</tool_call>'}],
+        tokenize=False, add_generation_prompt=True)
+    for text in [*TEXTS, chat, "<|fim_prefix|><|repo_name|>x<|file_sep|>", ""]:
+        if unicodedata.is_normalized("NFC", text):
+            assert fast(text) == tok.encode(text, add_special_tokens=False), text
+        else:
+            assert fast(text) is None  # HF normalises; the fast path declines
+    assert fast(TEXTS[2]) is None
+
+
 def test_known_qwen_ids(tok):
     # Ids of common strings in Qwen2.5's vocabulary (rank = id in qwen.tiktoken).
     assert tok.encode("Hello world!", add_special_tokens=False) == [9707, 1879, 0]
