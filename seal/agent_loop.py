@@ -202,7 +202,7 @@ async def _safe_delete(client: Any, episode_id: str) -> None:
 
 async def _run_once(client: Any, generate: GenerateFn, codec: ChatCodec, task_id: str, mode: str,
                     interface: dict | None, params: SamplingParams, limits: RolloutLimits,
-                    reward_fn: RewardFn) -> Rollout:
+                    reward_fn: RewardFn, train_unsampled_eos: bool) -> Rollout:
     out = Rollout(task_id=task_id, mode=mode,
                   interface_version=interface.get("version") if interface else None)
     t0 = time.perf_counter()
@@ -282,7 +282,10 @@ async def _run_once(client: Any, generate: GenerateFn, codec: ChatCodec, task_id
                 _check_against_full_render(codec, full_msgs, text, obs_msg, sampled_eos, inc_ids)
             seq += inc_ids
             response += inc_ids
-            mask += [0] * len(inc_ids)
+            # The eos closing a length-stopped call was not sampled: masked 0, unless the release's
+            # behaviour (it trained that artificial eos) is asked for.
+            closing = int(train_unsampled_eos and not sampled_eos and inc_ids[:1] == [codec.eos_id])
+            mask += [1] * closing + [0] * (len(inc_ids) - closing)
             if logprobs is not None:
                 logprobs += [0.0] * len(inc_ids)
             out.messages.append(obs_msg)
@@ -371,6 +374,7 @@ async def run_episode(
     reward_fn: RewardFn = accuracy_reward,
     max_restarts: int = 2,
     restart_backoff: float = 1.0,
+    train_unsampled_eos: bool = False,
 ) -> Rollout:
     """Play one episode of `task_id` against the env service and return it token-exact.
 
@@ -384,6 +388,10 @@ async def run_episode(
     or evaluate returns `excluded=True, exclude_reason="env_rejected:<code>"`. A 4xx on create (unknown
     task, eval with an interface) is a caller error and raises `EnvClientError`. Exceptions from
     `generate` propagate (after the episode is deleted).
+
+    `train_unsampled_eos=True` reproduces the release's mask for a call that stopped by length: the
+    `<|im_end|>` appended to close that turn is trained (mask 1) although the model never sampled
+    it. Default False: only sampled tokens are trained.
     """
     codec = ChatCodec.for_tokenizer(tokenizer)
     params = params or SamplingParams()
@@ -391,7 +399,8 @@ async def run_episode(
     last_error = ""
     for attempt in range(max_restarts + 1):
         try:
-            rollout = await _run_once(client, generate, codec, task_id, mode, interface, params, limits, reward_fn)
+            rollout = await _run_once(client, generate, codec, task_id, mode, interface, params, limits, reward_fn,
+                                      train_unsampled_eos)
             rollout.attempts = attempt + 1
             return rollout
         except _Restart as exc:
@@ -424,6 +433,7 @@ async def run_batch(
     reward_fn: RewardFn = accuracy_reward,
     max_restarts: int = 2,
     restart_backoff: float = 1.0,
+    train_unsampled_eos: bool = False,
     on_done: Callable[[int, Rollout], None] | None = None,
 ) -> list[Rollout]:
     """Run `requests` concurrently (at most `concurrency` episodes at once); results keep their order.
@@ -443,6 +453,7 @@ async def run_batch(
             results[i] = await run_episode(
                 client, generate, codec, req.task_id, req.mode, req.interface, req.params or params, limits,
                 reward_fn=reward_fn, max_restarts=max_restarts, restart_backoff=restart_backoff,
+                train_unsampled_eos=train_unsampled_eos,
             )
         if on_done is not None:
             on_done(i, results[i])  # type: ignore[arg-type]

@@ -163,6 +163,11 @@ def test_length_stopped_call_is_closed_with_an_unsampled_eos(tok, codec):
     assert r.response_ids[n] == EOS_TOKEN_ID and r.response_mask[n] == 0  # closing eos not sampled: masked
     assert spans(r.response_ids, r.response_mask, 1)[0] == cut
     assert all(p.max_tokens == 64 for p in model.params)
+    # Release behaviour on request: the artificial closing eos is trained, nothing else changes.
+    release = asyncio.run(run_episode(ScriptedEnv(["Please answer.", None]), ScriptedModel(model.outputs), codec, "t",
+                                      limits=RolloutLimits(max_tokens_per_call=64), train_unsampled_eos=True))
+    assert release.response_ids == r.response_ids
+    assert [i for i, (a, b) in enumerate(zip(release.response_mask, r.response_mask, strict=True)) if a != b] == [n]
 
 
 def test_logprobs_align_with_the_response(tok, codec):
