@@ -644,11 +644,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             from seal import ood
 
             out = args.out or _default_out(args)
-            summary = ood.run_benchmark(args.benchmark, args.policy, out, options=options, tasks=tasks,
-                                        concurrency=args.concurrency, progress=not args.no_progress,
-                                        memory_backends=[b.strip() for b in args.memory_backends.split(",")])
+            try:
+                summary = ood.run_benchmark(args.benchmark, args.policy, out, options=options, tasks=tasks,
+                                            concurrency=args.concurrency, progress=not args.no_progress,
+                                            memory_backends=[b.strip() for b in args.memory_backends.split(",")])
+            except ood.OodUnavailable as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 3
             print_summary(summary, out)
-            return 0
+            return 1 if _errored(summary) else 0
         base = EvalRequest(policy=args.policy or "", out=args.out or _default_out(args), split=args.split,
                            tasks=tasks, env_url=args.env_url, concurrency=args.concurrency,
                            service=_service_settings(args), options=options, progress=not args.no_progress)
