@@ -1,0 +1,175 @@
+"""Start a SEAL training run from a recipe.
+
+    python launcher.py --conf exp/SEAL.yaml [key=value ...] [--dry-run]
+    python launcher.py                       # the embedded default, exp/tiny_cpu.yaml (CPU, minutes)
+
+1. Composes and validates the recipe (`seal.config.load_config`); `--dry-run` prints it and exits.
+2. `engine: verl` needs GPUs: without CUDA it stops at once and points to `exp/tiny_cpu.yaml`.
+3. Writes the resolved config to `<run_root>/<experiment_name>/config.yaml`.
+4. Starts the env service (`python -m env_service` with the recipe's step limit and availability
+   flags) on the first `env.urls` port when nothing answers there and `env.start_service` is on;
+   it is stopped when the launcher exits, also on Ctrl-C, SIGTERM or an error. Its log goes to
+   `<run dir>/env_service.log`.
+5. Runs the engine: `seal.local_engine.train(cfg, run_dir)` or `seal.verl_engine.train(cfg, run_dir)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+REPO = Path(__file__).resolve().parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+log = logging.getLogger("seal.launcher")
+
+NO_GPU_MESSAGE = (
+    "engine 'verl' needs CUDA GPUs (verl runs vLLM rollouts and FSDP training on GPUs), and none is "
+    "visible here (torch.cuda.is_available() is False).\n"
+    "On a CPU-only machine run the embedded local engine instead:\n"
+    "    python launcher.py --conf exp/tiny_cpu.yaml\n"
+    "or set engine=local with a small model (see exp/README.md)."
+)
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python launcher.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--conf", default=None, help="recipe YAML (default: exp/tiny_cpu.yaml)")
+    p.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--log-level", default="INFO")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.n=4 trainer.total_training_steps=2")
+    return p.parse_args(argv)
+
+
+def service_healthy(url: str, timeout: float = 2.0) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(f"{url.rstrip('/')}/healthz", timeout=timeout).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+class EnvServiceProcess:
+    """The env service as a child process (context manager; always stopped on exit)."""
+
+    def __init__(self, url: str, args: list[str], log_path: Path, startup_timeout: float = 300.0):
+        parsed = urlparse(url)
+        if parsed.hostname not in LOOPBACK_HOSTS or parsed.port is None:
+            raise SystemExit(f"env service at {url} does not answer, and the launcher only starts one on a "
+                             "loopback address with an explicit port; start it yourself or fix env.urls")
+        self.url = url
+        self.cmd = [sys.executable, "-m", "env_service", "--host", parsed.hostname, "--port", str(parsed.port), *args]
+        self.log_path = log_path
+        self.startup_timeout = startup_timeout
+        self.proc: subprocess.Popen | None = None
+        self._log = None
+
+    def __enter__(self) -> EnvServiceProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        env.setdefault("BFCL_PROJECT_ROOT", str(REPO / "runs" / ".bfcl_root"))
+        log.info("starting env service: %s (log: %s)", " ".join(self.cmd[1:]), self.log_path)
+        self.proc = subprocess.Popen(self.cmd, cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + self.startup_timeout
+        while not service_healthy(self.url, timeout=1.0):
+            if self.proc.poll() is not None:
+                self.stop()
+                tail = self.log_path.read_text(errors="replace")[-2000:]
+                raise SystemExit(f"env service exited with code {self.proc.returncode}:\n{tail}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise SystemExit(f"env service did not answer at {self.url} within {self.startup_timeout:.0f} s")
+            time.sleep(0.2)
+        log.info("env service ready at %s", self.url)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _raise_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds through the finally blocks that stop the service
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from seal.config import ConfigError, env_service_args, load_config, run_dir, save_config
+    from seal.logging_utils import setup_console_logging
+
+    setup_console_logging(args.log_level)
+    try:
+        cfg = load_config(args.conf, args.overrides)
+    except ConfigError as exc:
+        print(f"launcher: {exc}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        from omegaconf import OmegaConf
+
+        print(OmegaConf.to_yaml(cfg, resolve=True), end="")
+        return 0
+    if cfg.engine == "verl":
+        import torch
+
+        if not torch.cuda.is_available():
+            print(f"launcher: {NO_GPU_MESSAGE}", file=sys.stderr)
+            return 3
+    out = run_dir(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, out / "config.yaml")
+    log.info("run directory: %s", out)
+    signal.signal(signal.SIGTERM, _raise_on_sigterm)
+
+    service = None
+    first_url = str(cfg.env.urls[0])
+    if cfg.env.start_service and not service_healthy(first_url):
+        service = EnvServiceProcess(first_url, env_service_args(cfg), out / "env_service.log")
+    elif service_healthy(first_url):
+        log.info("using the env service already answering at %s (its step-limit/availability flags are "
+                 "its own, not the recipe's)", first_url)
+    try:
+        if service is not None:
+            service.__enter__()
+        for url in cfg.env.urls[1:]:
+            if not service_healthy(str(url)):
+                log.warning("env replica %s does not answer; the client will retry and fail over", url)
+        if cfg.engine == "local":
+            from seal.local_engine import train
+        else:
+            from seal.verl_engine import train  # written for GPU machines; imported only here
+        result = train(cfg, out)
+        log.info("done: %s", result)
+        return 0
+    except KeyboardInterrupt:
+        log.warning("interrupted")
+        return 130
+    finally:
+        if service is not None:
+            service.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""Run logging: console lines, the run's `metrics.jsonl`, optional Weights & Biases, progress bars.
+
+`MetricsLogger(run_dir, cfg)` writes one JSON object per `log(metrics, step)` call to
+`<run_dir>/metrics.jsonl` (every line has `"step"`; docs/run_directory.md lists the keys), prints a
+short console summary, and mirrors to wandb when `trainer.logger` lists it (offline mode without
+`WANDB_API_KEY`, so a run never needs the network). On resume, lines of steps after the checkpoint
+(written by the interrupted run) are dropped first, so the file holds each step once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("seal")
+
+METRICS_FILE = "metrics.jsonl"
+# Keys shown on the console line of a step (all keys go to the JSONL file).
+CONSOLE_KEYS = (
+    "val/accuracy/average",
+    "train/reward_mean",
+    "train/accuracy_mean",
+    "train/excluded",
+    "apatch/mean_scale",
+    "interface/version",
+    "interface/num_cues",
+    "actor/pg_loss",
+    "actor/kl_loss",
+    "actor/grad_norm",
+    "timing/step",
+)
+
+
+def setup_console_logging(level: str | int = "INFO") -> None:
+    """Plain `time level name: message` lines on stderr (idempotent)."""
+    root = logging.getLogger()
+    if not any(getattr(h, "_seal", False) for h in root.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+        handler._seal = True  # type: ignore[attr-defined]
+        root.addHandler(handler)
+    root.setLevel(level if isinstance(level, int) else level.upper())
+    for noisy in ("httpx", "httpcore", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def plain_number(value: Any) -> Any:
+    """A JSON-safe scalar: Python float/int/bool/str; numpy/torch scalars unwrapped; NaN/inf -> None."""
+    if hasattr(value, "item") and callable(value.item):
+        try:
+            value = value.item()
+        except (ValueError, RuntimeError):
+            return str(value)
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    return str(value)
+
+
+def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """All lines of a metrics JSONL file."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+class MetricsLogger:
+    """Console + `metrics.jsonl` + optional wandb for one run.
+
+    Args:
+        run_dir: the run directory (`metrics.jsonl` goes there).
+        loggers: `trainer.logger` (`console`, `jsonl`, `wandb`).
+        resume_step: when resuming from a checkpoint at this step, drop file lines with a larger step;
+            None = a fresh run (an existing file is replaced).
+        wandb_project / experiment_name / config: for wandb.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        loggers: list[str] | tuple[str, ...] = ("console", "jsonl"),
+        resume_step: int | None = None,
+        wandb_project: str = "seal",
+        experiment_name: str = "run",
+        config: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.loggers = tuple(loggers)
+        self.path = self.run_dir / METRICS_FILE
+        self._wandb = None
+        if "jsonl" in self.loggers:
+            if resume_step is None:
+                self.path.write_text("", encoding="utf-8")
+            else:
+                kept = [row for row in read_metrics(self.path) if int(row.get("step", 0)) <= resume_step]
+                with open(self.path, "w", encoding="utf-8") as fh:
+                    for row in kept:
+                        fh.write(json.dumps(row) + "\n")
+        if "wandb" in self.loggers:
+            self._wandb = self._start_wandb(wandb_project, experiment_name, config, resume_step is not None)
+
+    def _start_wandb(self, project: str, name: str, config: Mapping[str, Any] | None, resume: bool) -> Any:
+        try:
+            import wandb
+        except ImportError:
+            log.warning("trainer.logger lists wandb but the wandb package is not installed; skipping it")
+            return None
+        mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
+        return wandb.init(project=project, name=name, dir=str(self.run_dir), config=dict(config or {}),
+                          mode=mode, resume="allow" if resume else None, id=None)
+
+    def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        row = {"step": int(step)}
+        row.update({str(k): plain_number(v) for k, v in sorted(metrics.items())})
+        if "jsonl" in self.loggers:
+            with open(self.path, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(row) + "\n")
+        if "console" in self.loggers:
+            shown = [f"{k}={row[k]:.4g}" for k in CONSOLE_KEYS if isinstance(row.get(k), (int, float))]
+            log.info("step %d: %s", step, " ".join(shown) if shown else f"{len(row) - 1} metrics")
+        if self._wandb is not None:
+            self._wandb.log({k: v for k, v in row.items() if k != "step" and v is not None}, step=int(step))
+
+    def close(self) -> None:
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+
+
+def progress(total: int, desc: str, leave: bool = False, position: int | None = None):
+    """A tqdm progress bar on stderr (quiet when SEAL_NO_PROGRESS is set, e.g. in CI logs)."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, leave=leave, position=position, dynamic_ncols=True,
+                disable=bool(os.environ.get("SEAL_NO_PROGRESS")), mininterval=1.0, file=sys.stderr)
