@@ -1,0 +1,228 @@
+"""Recipes: composition, validation, the paper's Table 4 values and the ablations' released semantics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from seal import config as C
+from seal.controller import SealController
+
+EXP = Path(__file__).resolve().parent.parent / "exp"
+RECIPES = sorted(p for p in EXP.glob("*.yaml") if p.stem != "defaults")
+
+
+def load(name: str, *overrides: str):
+    return C.load_config(EXP / f"{name}.yaml", list(overrides))
+
+
+def flat(cfg) -> dict:
+    out: dict = {}
+
+    def walk(node, prefix):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{prefix}.{k}" if prefix else k)
+        else:
+            out[prefix] = node
+
+    walk(C.to_container(cfg), "")
+    return out
+
+
+def diff(a, b) -> dict:
+    fa, fb = flat(a), flat(b)
+    return {k: (fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)}
+
+
+def test_expected_recipes_exist():
+    names = {p.stem for p in RECIPES}
+    assert {"SEAL", "SEAL_release", "vanilla_rl", "wo_env_adaptation", "wo_reweighting", "wo_closed_loop",
+            "SEAL_qwen3b", "vanilla_rl_qwen3b", "SEAL_toolace8b", "vanilla_rl_toolace8b", "tiny_cpu"} <= names
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+def test_every_recipe_composes_and_builds_its_configs(recipe):
+    cfg = C.load_config(recipe)
+    assert cfg.experiment_name == recipe.stem  # run directories never collide
+    SealController(cfg)  # the SEAL core dataclasses accept the seal.* block
+    C.rollout_limits(cfg)
+    assert set(flat(cfg)) == set(flat(load("SEAL")))  # every recipe has exactly the documented keys
+
+
+def test_seal_recipe_has_paper_table4_values():
+    # Paper Table 4 / reference/paper.md "Training config".
+    cfg = load("SEAL")
+    f = flat(cfg)
+    expected = {
+        "model.path": "Qwen/Qwen2.5-7B-Instruct",
+        "data.train_batch_size": 32, "rollout.n": 8, "rollout.temperature": 1.0,
+        "rollout.val_temperature": 0.0, "rollout.val_n": 1,
+        "data.max_prompt_length": 8192, "data.max_response_length": 4096, "rollout.max_model_len": 16384,
+        "algorithm.adv_estimator": "grpo", "algorithm.use_kl_in_reward": False,
+        "actor.lr": 1e-6, "actor.use_kl_loss": True, "actor.kl_loss_type": "low_var_kl",
+        "actor.kl_loss_coef": 0.001, "actor.entropy_coeff": 0.0,
+        "actor.clip_ratio_low": 0.2, "actor.clip_ratio_high": 0.2, "actor.clip_ratio_c": 10.0,
+        "actor.ppo_mini_batch_size": 8, "actor.ppo_micro_batch_size_per_gpu": 1,
+        "actor.loss_agg_mode": "token-mean", "actor.grad_clip": 1.0,
+        "env.step_limit.max_steps": 20, "trainer.n_gpus_per_node": 4, "trainer.nnodes": 1,
+        "trainer.total_epochs": 6, "trainer.test_freq": 10, "trainer.val_before_train": True,
+        "rollout.gpu_memory_utilization": 0.6, "engine": "verl",
+        "seal.apatch.min_scale": 0.5, "seal.apatch.max_scale": 2.0, "seal.reward.mode": "binary",
+    }
+    wrong = {k: (f[k], v) for k, v in expected.items() if f[k] != v}
+    assert not wrong, wrong
+    # 400 training tasks / 32 -> 12 steps per epoch, x 6 epochs = 72 steps.
+    assert C.total_training_steps(cfg, 400) == 72
+    # The paper's method: closed-loop interface with phi_schema, adaptive phi_err, phi_cap; dynamic A-Patch.
+    assert f["seal.interface.enable"] and f["seal.interface.closed_loop"] and f["seal.interface.cues"]
+    assert f["seal.interface.error_feedback"] == "adaptive"
+    assert f["seal.interface.schema_required"] and f["seal.interface.schema_enum"]
+    assert f["seal.apatch.enable"] and f["seal.capability.enable"]
+    assert C.apatch_config(cfg).static_weights()["spurious_tool_call"] == 2.0
+
+
+ABLATIONS = {
+    # recipe: (apatch.enable, capability.enable (dynamic), interface.enable, interface.closed_loop)
+    "SEAL": (True, True, True, True),
+    "vanilla_rl": (False, True, False, True),
+    "wo_env_adaptation": (True, True, False, True),
+    "wo_reweighting": (False, True, True, True),
+    "wo_closed_loop": (True, False, True, False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ABLATIONS))
+def test_ablations_follow_the_released_semantics(name):
+    cfg = load(name)
+    apatch, dynamic, interface, closed = ABLATIONS[name]
+    assert cfg.seal.apatch.enable is apatch
+    assert cfg.seal.interface.enable is interface
+    if apatch:  # the dynamic switch only matters when A-Patch runs
+        assert cfg.seal.capability.enable is dynamic
+    if interface:
+        assert cfg.seal.interface.closed_loop is closed
+    controller = SealController(cfg)
+    omega = controller.interface("train")
+    assert (omega is None) is (not interface)
+    assert controller.interface("val") is None
+    # Same checkpoint, split, rollout budget, optimizer, decoding and reward as SEAL: only seal.apatch /
+    # seal.capability / seal.interface switches and the run name differ.
+    changed = diff(cfg, load("SEAL"))
+    assert all(k == "experiment_name" or k.startswith(("seal.apatch.", "seal.capability.", "seal.interface."))
+               for k in changed), changed
+
+
+def test_release_recipe_is_the_released_setting():
+    cfg = load("SEAL_release")
+    assert cfg.seal.interface.enable and not cfg.seal.interface.cues
+    assert cfg.seal.interface.error_feedback == "off"
+    assert cfg.seal.interface.schema_required and cfg.seal.interface.schema_enum
+    assert not cfg.seal.interface.schema_types and not cfg.seal.interface.schema_hide_optional
+    assert cfg.seal.apatch.enable and cfg.seal.capability.enable
+    assert cfg.rollout.gpu_memory_utilization == 0.4
+    assert cfg.trainer.best_metric == "val/accuracy/multi_turn_base"
+    omega = SealController(cfg).interface("train")
+    assert omega == {"version": 0, "schema": {"required": True, "enum": True, "types": False, "hide_optional": False},
+                     "error_feedback": False, "cues": []}
+
+
+@pytest.mark.parametrize("variant,base,model", [
+    ("SEAL_qwen3b", "SEAL", "Qwen/Qwen2.5-3B-Instruct"),
+    ("vanilla_rl_qwen3b", "vanilla_rl", "Qwen/Qwen2.5-3B-Instruct"),
+    ("SEAL_toolace8b", "SEAL", "Team-ACE/ToolACE-2-Llama-3.1-8B"),
+    ("vanilla_rl_toolace8b", "vanilla_rl", "Team-ACE/ToolACE-2-Llama-3.1-8B"),
+])
+def test_backbone_variants_change_only_the_model(variant, base, model):
+    changed = diff(load(variant), load(base))
+    assert set(changed) == {"experiment_name", "model.path"}
+    assert changed["model.path"][0] == model
+
+
+def test_tiny_cpu_is_the_embedded_default():
+    cfg = C.load_config(None)
+    assert cfg.experiment_name == "tiny_cpu" and cfg.engine == "local" and cfg.model.build_tiny
+    assert cfg.data.max_train_tasks == 4 and cfg.rollout.n == 2 and cfg.data.max_val_tasks == 4
+    assert C.total_training_steps(cfg, 4) == 2 and cfg.trainer.val_before_train
+
+
+def test_overrides_keep_explicit_zeros_and_parse_values():
+    cfg = load("SEAL", "seal.capability.ema_beta=0", "seal.interface.min_tag_count=0", "actor.kl_loss_coef=0",
+               "rollout.n=4", "env.urls=[http://127.0.0.1:1,http://127.0.0.1:2]", "trainer.total_training_steps=3")
+    assert C.dynamic_weight_config(cfg).ema_beta == 0.0
+    assert C.evolve_config(cfg).min_tag_count == 0
+    assert cfg.actor.kl_loss_coef == 0 and cfg.rollout.n == 4 and len(cfg.env.urls) == 2
+    assert C.total_training_steps(cfg, 400) == 3
+    weights = load("SEAL", "seal.apatch.tag_weights.pass=1.2")
+    assert C.apatch_config(weights).static_weights()["pass"] == 1.2
+
+
+@pytest.mark.parametrize("override,message", [
+    ("rollout.nn=4", "unknown key"),
+    ("seal.apatch.vocabulary=paper", "unknown key"),  # one vocabulary switch: seal.diagnosis
+    ("rollout.n=four", "rollout.n: expected int"),
+    ("rollout.n=0", "rollout.n: must be >= 1"),
+    ("actor.use_kl_loss=1", "expected bool"),
+    ("engine=tpu", "engine: must be one of"),
+    ("seal.diagnosis.vocabulary=mine", "seal.diagnosis.vocabulary"),
+    ("actor.kl_loss_type=k9", "actor.kl_loss_type"),
+    ("seal.interface.error_feedback=sometimes", "error_feedback"),
+    ("seal.apatch.min_scale=0", "min_scale"),
+    ("seal.apatch.tag_weights.not_a_tag=2", "tag_weights"),
+    ("data.max_response_length=9000", "max_model_len"),
+    ("actor.ppo_mini_batch_size=5", "multiple of actor.ppo_mini_batch_size"),
+    ("actor.clip_ratio_c=1", "clip_ratio_c"),
+    ("trainer.logger=[console,tensorboard]", "unknown logger"),
+    ("model.build_tiny=true", "engine: local only"),
+    ("noequals", "key=value"),
+])
+def test_bad_values_are_refused_with_a_clear_message(override, message):
+    with pytest.raises(C.ConfigError, match=message):
+        load("SEAL", override)
+
+
+def test_recipe_errors(tmp_path):
+    (tmp_path / "defaults.yaml").write_text((EXP / "defaults.yaml").read_text())
+    (tmp_path / "a.yaml").write_text("defaults: [b, _self_]\n")
+    (tmp_path / "b.yaml").write_text("defaults: [a, _self_]\n")
+    with pytest.raises(C.ConfigError, match="cycle"):
+        C.load_config(tmp_path / "a.yaml")
+    (tmp_path / "typo.yaml").write_text("defaults: [defaults, _self_]\nrolout: {n: 2}\n")
+    with pytest.raises(C.ConfigError, match="rolout"):
+        C.load_config(tmp_path / "typo.yaml")
+    with pytest.raises(C.ConfigError, match="not found"):
+        C.load_config(tmp_path / "missing.yaml")
+    # A recipe without a defaults list still gets the defaults underneath.
+    (tmp_path / "short.yaml").write_text("experiment_name: short\nrollout: {n: 3}\n")
+    cfg = C.load_config(tmp_path / "short.yaml")
+    assert cfg.rollout.n == 3 and cfg.actor.lr == 1e-6
+
+
+def test_typed_accessors():
+    cfg = load("SEAL")
+    limits = C.rollout_limits(cfg)
+    assert (limits.max_prompt_length, limits.max_response_length, limits.max_model_len,
+            limits.max_tokens_per_call, limits.max_observation_tokens) == (8192, 4096, 16384, 4096, 4096)
+    train = C.sampling_params(cfg, "train")
+    assert (train.temperature, train.top_p, train.top_k) == (1.0, 1.0, -1)
+    val = C.sampling_params(cfg, "val")
+    assert (val.temperature, val.top_p, val.top_k) == (0.0, 1.0, -1)
+    assert C.env_service_args(cfg) == ["--step-limit-scope", "episode", "--max-steps", "20"]
+    official = load("SEAL", "env.step_limit.scope=turn", "env.strict_availability=false")
+    assert C.env_service_args(official) == ["--step-limit-scope", "turn", "--max-steps", "20",
+                                            "--no-strict-availability"]
+    assert C.run_dir(cfg, "/x") == Path("/x/runs/SEAL")
+    assert C.evolve_config(load("SEAL", "seal.diagnosis.vocabulary=paper")).vocabulary == "paper"
+    assert C.apatch_config(load("SEAL", "seal.diagnosis.vocabulary=paper")).tags_column == "paper_labels"
+    with pytest.raises(C.ConfigError):
+        C.total_training_steps(load("SEAL"), 10)  # fewer tasks than one batch
+
+
+def test_saved_config_round_trips(tmp_path):
+    cfg = load("wo_closed_loop")
+    path = C.save_config(cfg, tmp_path / "config.yaml")
+    again = OmegaConf.load(path)
+    assert C.to_container(again) == C.to_container(cfg)
+    C.validate(again)
