@@ -36,7 +36,7 @@ def test_layout_padding_masks_and_scores():
     # The reward sits on the last real response token.
     assert b["token_level_scores"].tolist() == [[0, 0, 0, 1.0], [0, 0.0, 0, 0], [0, 0, 0.5, 0]]
     assert torch.equal(b["token_level_rewards"], b["token_level_scores"])
-    assert "rollout_log_probs" not in b.keys()
+    assert "rollout_log_probs" not in b.keys()  # noqa: SIM118 - TensorDict membership needs keys()
     nt = d.non_tensor_batch
     assert nt["uid"].tolist() == ["multi_turn_base_1", "multi_turn_base_1", "multi_turn_miss_func_2"]
     # Equal-length tag lists stay one list per row (not a 2-D array).
