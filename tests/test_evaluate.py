@@ -192,3 +192,37 @@ def test_hf_model_dir_explains_verl_checkpoints(tmp_path):
     (hf / "config.json").write_text("{}")
     (hf / "model.safetensors").write_bytes(b"")
     assert ev.hf_model_dir(tmp_path) == hf
+
+
+def test_run_evaluates_last_and_best_checkpoints(service_url, tmp_path):
+    import shutil
+
+    from seal.tiny_model import build_tiny_qwen2
+
+    run = make_run(tmp_path / "run", [2, 4], {0: 0.0, 2: 0.5, 4: 0.25},
+                   {"step": 2, "path": "checkpoints/step_2", "metric": "val/accuracy/average", "value": 0.5})
+    build_tiny_qwen2(run / "checkpoints" / "step_2")
+    shutil.rmtree(run / "checkpoints" / "step_4")
+    shutil.copytree(run / "checkpoints" / "step_2", run / "checkpoints" / "step_4")
+    args = ["--run", str(run), "--tasks", "multi_turn_base_100", "--env-url", service_url,
+            "--max-tokens-per-call", "4", "--device", "cpu", "--no-progress"]
+    assert ev.main(args) == 0
+    last = json.loads((run / "eval" / "last" / "summary.json").read_text())
+    best = json.loads((run / "eval" / "best" / "summary.json").read_text())
+    assert last["checkpoint"]["step"] == 4 and best["checkpoint"]["step"] == 2
+    assert last["policy"] == f"hf:{run / 'checkpoints' / 'step_4'}"
+    assert any("honest number" in n for n in last["notes"]) and any("optimistic" in n for n in best["notes"])
+    assert len(read_jsonl(run / "eval" / "best" / "results.jsonl")) == 1
+    # The report scripts resolve a run directory to its eval/best.
+    assert read_summary(run)["checkpoint"]["name"] == "best"
+
+    # Best = last: evaluated once, the results copied.
+    (run / "checkpoints" / "best.json").write_text(json.dumps(
+        {"step": 4, "path": "checkpoints/step_4", "metric": "val/accuracy/average", "value": 0.6}))
+    assert ev.main(args) == 0
+    best = json.loads((run / "eval" / "best" / "summary.json").read_text())
+    assert best["checkpoint"]["step"] == 4 and any("results copied" in n for n in best["notes"])
+    assert any("optimistic" in n for n in best["notes"])
+    assert not any(n.startswith("last checkpoint") for n in best["notes"])
+    copied, original = (run / "eval" / name / "results.jsonl" for name in ("best", "last"))
+    assert copied.read_text() == original.read_text()
