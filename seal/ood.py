@@ -379,8 +379,11 @@ def agent_for(policy: Policy, entry: AgenticEntry, answers_by_scenario: dict[str
 
 
 async def _run_entries(entries: Sequence[AgenticEntry], policy: Policy, concurrency: int, progress: bool,
-                       executor_factory: Callable[[AgenticEntry], Any]) -> tuple[list[dict], list[dict]]:
-    """Play every chain (prerequisites in order, then questions concurrently); returns (results, prereqs)."""
+                       executor_factory: Callable[[AgenticEntry], Any],
+                       close_policy: bool = False) -> tuple[list[dict], list[dict]]:
+    """Play every chain (prerequisites in order, then questions concurrently); returns (results, prereqs).
+
+    `close_policy`: close the policy's clients in this event loop when done (they are bound to it)."""
     from tqdm import tqdm
 
     answers_by_scenario: dict[str, dict[str, str]] = {}
@@ -425,6 +428,8 @@ async def _run_entries(entries: Sequence[AgenticEntry], policy: Policy, concurre
         await asyncio.gather(*(chain(key) for key in {(e.bfcl_category, e.scenario) for e in questions}))
     finally:
         bar.close()
+        if close_policy:
+            await policy.aclose()
     return [results[e.id] for e in questions], prereqs
 
 
@@ -497,7 +502,8 @@ def _missing(module: str) -> bool:
 
 def run_bfcl_v4_memory(policy: Policy, out: Path, backends: Sequence[str] = ("kv", "rec_sum"),
                        tasks: Sequence[str] | None = None, concurrency: int = 16, progress: bool = True,
-                       executor_factory: Callable[[AgenticEntry], Any] = make_executor) -> dict:
+                       executor_factory: Callable[[AgenticEntry], Any] = make_executor,
+                       close_policy: bool = False) -> dict:
     """BFCL V4 memory for `backends`; writes an OOD evaluation directory (key ``memory``) and returns its summary."""
     backends = list(dict.fromkeys(backends))
     unknown = [b for b in backends if b not in MEMORY_BACKENDS]
@@ -515,7 +521,8 @@ def run_bfcl_v4_memory(policy: Policy, out: Path, backends: Sequence[str] = ("kv
         entries += memory_entries(backend, snapshots)
     entries = _select(entries, tasks)
     started = time.perf_counter()
-    records, prereqs = asyncio.run(_run_entries(entries, policy, concurrency, progress, executor_factory))
+    records, prereqs = asyncio.run(_run_entries(entries, policy, concurrency, progress, executor_factory,
+                                                close_policy))
     wall_s = time.perf_counter() - started
     notes = [*_policy_notes(policy, "memory"), f"BFCL V4 memory backends run: {', '.join(backends)}"]
     if set(backends) != set(MEMORY_BACKENDS):
@@ -543,7 +550,7 @@ def check_web_search() -> None:
 
 def run_bfcl_v4_web_search(policy: Policy, out: Path, tasks: Sequence[str] | None = None, concurrency: int = 16,
                            progress: bool = True, executor_factory: Callable[[AgenticEntry], Any] | None = None,
-                           categories: Sequence[str] = WEB_SEARCH_CATEGORIES) -> dict:
+                           categories: Sequence[str] = WEB_SEARCH_CATEGORIES, close_policy: bool = False) -> dict:
     """BFCL V4 web search (needs SerpAPI and the network unless `executor_factory` supplies a search backend)."""
     if executor_factory is None:
         check_web_search()
@@ -553,7 +560,7 @@ def run_bfcl_v4_web_search(policy: Policy, out: Path, tasks: Sequence[str] | Non
         entries += web_search_entries(category)
     entries = _select(entries, tasks)
     started = time.perf_counter()
-    records, _ = asyncio.run(_run_entries(entries, policy, concurrency, progress, executor_factory))
+    records, _ = asyncio.run(_run_entries(entries, policy, concurrency, progress, executor_factory, close_policy))
     wall_s = time.perf_counter() - started
     notes = [*_policy_notes(policy, "web_search"), f"BFCL V4 web search categories run: {', '.join(categories)}"]
     notes += _self_check_notes(policy, records)
@@ -586,12 +593,9 @@ def run_benchmark(benchmark: str, policy_spec: str, out: Path, *, options: Polic
     if benchmark == "bfcl_v4_web_search":
         check_web_search()
     policy = parse_policy(policy_spec, options)
-    try:
-        if benchmark == "bfcl_v4_memory":
-            return run_bfcl_v4_memory(policy, out, memory_backends, tasks, concurrency, progress)
-        return run_bfcl_v4_web_search(policy, out, tasks, concurrency, progress)
-    finally:
-        asyncio.run(policy.aclose())
+    if benchmark == "bfcl_v4_memory":
+        return run_bfcl_v4_memory(policy, out, memory_backends, tasks, concurrency, progress, close_policy=True)
+    return run_bfcl_v4_web_search(policy, out, tasks, concurrency, progress, close_policy=True)
 
 
 def _policy_notes(policy: Policy, key: str) -> list[str]:
