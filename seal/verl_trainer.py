@@ -63,6 +63,12 @@ def _object_column(values: Sequence[Any]) -> np.ndarray:
     return out
 
 
+def _as_list(values: Any) -> list[Any]:
+    """A non-tensor column from TransferQueue as a list: depending on the backend it arrives as a
+    NonTensorStack, a numpy array or tensordict's LinkedList (a list subclass without `tolist`)."""
+    return list(values) if isinstance(values, list) or not hasattr(values, "tolist") else values.tolist()
+
+
 def extras_columns(extras: Sequence[Mapping[str, Any] | None], tags_fields: Sequence[str]) -> dict[str, np.ndarray]:
     """non_tensor_batch columns A-Patch reads: each tag field, `excluded`, `task_id`, `category`.
 
@@ -269,12 +275,12 @@ class SealTrainer(PPOTrainerSync):
         td = tq.kv_batch_get(keys=keys, partition_id=partition, select_fields=fields)
         raw_extras = tq.kv_batch_get(keys=keys, partition_id=partition, select_fields=["extra_fields"])
         extras = [None if pad else dict(ex) for ex, pad in
-                  zip(raw_extras["extra_fields"].tolist(), padding, strict=True)]
+                  zip(_as_list(raw_extras["extra_fields"]), padding, strict=True)]
 
         nested_mask = td["response_mask"]
         data = DataProto(batch=td.to_padded_tensor())
         data.batch["token_level_scores"] = data.batch["rm_scores"]
-        data.non_tensor_batch["uid"] = np.array(data.batch.pop("uid").tolist(), dtype=object)
+        data.non_tensor_batch["uid"] = _object_column(_as_list(data.batch.pop("uid")))
         algorithm = self.config.algorithm
         if algorithm.use_kl_in_reward:
             data, kl_metrics = apply_kl_penalty(data, kl_ctrl=self.kl_ctrl_in_reward,
