@@ -172,7 +172,7 @@ class _Exclude(Exception):
         super().__init__(f"{reason}: {detail}")
 
 
-def _check_step(step: Any) -> tuple[dict | None, bool]:
+def check_step(step: Any) -> tuple[dict | None, bool]:
     if not isinstance(step, dict) or not isinstance(step.get("done"), bool):
         raise EnvProtocolError(f"step reply lacks a boolean 'done': {str(step)[:200]}")
     obs = step.get("observation")
@@ -184,7 +184,7 @@ def _check_step(step: Any) -> tuple[dict | None, bool]:
     return obs, step["done"]
 
 
-def _check_created(created: Any) -> list[dict]:
+def check_created(created: Any) -> list[dict]:
     msgs = created.get("messages") if isinstance(created, dict) else None
     if (not isinstance(msgs, list) or len(msgs) != 2
             or [m.get("role") if isinstance(m, dict) else None for m in msgs] != ["system", "user"]
@@ -193,7 +193,7 @@ def _check_created(created: Any) -> list[dict]:
     return [{"role": m["role"], "content": m["content"]} for m in msgs]
 
 
-async def _safe_delete(client: Any, episode_id: str) -> None:
+async def safe_delete(client: Any, episode_id: str) -> None:
     try:
         await client.delete(episode_id)
     except (EnvClientError, EnvUnavailable) as exc:
@@ -215,7 +215,7 @@ async def _run_once(client: Any, generate: GenerateFn, codec: ChatCodec, task_id
     out.episode_id = eid
     try:
         tb = time.perf_counter()
-        head = _check_created(created)
+        head = check_created(created)
         info = created.get("info") or {}
         out.category = info.get("category")
         out.num_turns = info.get("num_turns")
@@ -273,7 +273,7 @@ async def _run_once(client: Any, generate: GenerateFn, codec: ChatCodec, task_id
                 raise _Restart(str(exc)) from exc
             tb = time.perf_counter()
             out.env_time_s += tb - te
-            obs, done = _check_step(step)
+            obs, done = check_step(step)
             if done or obs is None:
                 break
             obs_msg = {"role": obs["role"], "content": obs["content"]}
@@ -325,7 +325,7 @@ async def _run_once(client: Any, generate: GenerateFn, codec: ChatCodec, task_id
     except EnvProtocolError as exc:
         raise _Exclude("env_protocol", str(exc)) from exc
     finally:
-        await _safe_delete(client, eid)
+        await safe_delete(client, eid)
 
 
 def _observation_ids(codec: ChatCodec, head: list[dict], head_text: str, assistant: str, sampled_eos: bool,

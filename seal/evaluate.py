@@ -31,7 +31,7 @@ from typing import Any
 
 from env_service.vocab import CATEGORIES, category_of
 from seal import paper_numbers as pn
-from seal.agent_loop import _check_created, _check_step, _safe_delete, run_episode
+from seal.agent_loop import check_created, check_step, run_episode, safe_delete
 from seal.client import EnvClient, EnvClientError, EnvUnavailable
 from seal.policies import (
     GREEDY,
@@ -156,7 +156,7 @@ async def _text_episode_once(client: Any, agent: Any, task_id: str, max_model_ca
     eid = created["episode_id"]
     out.episode_id = eid
     try:
-        out.messages = _check_created(created)
+        out.messages = check_created(created)
         info = created.get("info") or {}
         out.category, out.num_turns = info.get("category"), info.get("num_turns")
         stop_reason = "done"
@@ -179,7 +179,7 @@ async def _text_episode_once(client: Any, agent: Any, task_id: str, max_model_ca
             started = time.perf_counter()
             step = await client.step(eid, text)
             out.env_time_s += time.perf_counter() - started
-            obs, done = _check_step(step)
+            obs, done = check_step(step)
             if done or obs is None:
                 break
             out.messages.append({"role": obs["role"], "content": obs["content"]})
@@ -196,7 +196,7 @@ async def _text_episode_once(client: Any, agent: Any, task_id: str, max_model_ca
         out.completed = result.get("completed")
         return out
     finally:
-        await _safe_delete(client, eid)
+        await safe_delete(client, eid)
 
 
 def record_from_rollout(rollout: Rollout, error: str | None = None) -> dict[str, Any]:

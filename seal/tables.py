@@ -366,14 +366,17 @@ def render_tables(
 
 
 def resolve_eval_dir(path: str | Path) -> Path:
-    """An evaluation directory from a path to one, or to a run directory holding exactly one (or ``eval/best``)."""
+    """An evaluation directory from a path to one, or to a run directory holding exactly one (or ``eval/last``).
+
+    A run directory resolves to its last checkpoint's evaluation: validation uses the 400 held-in tasks, so
+    ``eval/best`` is selected on the test set and is optimistic; name it explicitly to report it."""
     path = Path(path)
     if (path / "summary.json").is_file() or (path / "results.jsonl").is_file():
         return path
     eval_root = path / "eval"
     if eval_root.is_dir():
-        if (eval_root / "best").is_dir():
-            return resolve_eval_dir(eval_root / "best")
+        if (eval_root / "last").is_dir():
+            return resolve_eval_dir(eval_root / "last")
         candidates = sorted(p for p in eval_root.iterdir() if p.is_dir())
         if len(candidates) == 1:
             return resolve_eval_dir(candidates[0])

@@ -211,12 +211,15 @@ def test_run_directory_resolution(tmp_path: Path) -> None:
     write_eval_dir(run / "eval" / "step_10", COUNTS, results=False)
     with pytest.raises(ValueError, match="name one"):
         tables.resolve_eval_dir(run)
-    best = write_eval_dir(run / "eval" / "best", COUNTS, results=False)
-    assert tables.resolve_eval_dir(run) == best
+    write_eval_dir(run / "eval" / "best", COUNTS, results=False)
+    with pytest.raises(ValueError, match="name one"):  # best alone is not chosen: it is selected on the test set
+        tables.resolve_eval_dir(run)
+    last = write_eval_dir(run / "eval" / "last", COUNTS, results=False)
+    assert tables.resolve_eval_dir(run) == last
 
 
 def test_cli_with_mapping_file_and_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    write_eval_dir(tmp_path / "runs" / "seal7b" / "eval" / "best", COUNTS)
+    write_eval_dir(tmp_path / "runs" / "seal7b" / "eval" / "last", COUNTS)
     vanilla = write_eval_dir(tmp_path / "vanilla3b", {c: 9 for c in CATEGORIES}, results=False)
     write_eval_dir(
         tmp_path / "runs" / "v4", {"web_search": 20, "memory": 45}, {"web_search": 200, "memory": 150}
