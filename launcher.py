@@ -48,7 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.n=4 trainer.total_training_steps=2")
-    return p.parse_args(argv)
+    return p.parse_intermixed_args(argv)  # overrides may come before or after the options
 
 
 def service_healthy(url: str, timeout: float = 2.0) -> bool:

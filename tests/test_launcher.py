@@ -1,0 +1,81 @@
+"""launcher.py as a subprocess: dry run, config errors, the no-GPU stop, and a short end-to-end run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.service import free_port
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def launch(*args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "launcher.py", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "SEAL_NO_PROGRESS": "1", **(env or {})})
+
+
+def test_dry_run_prints_the_resolved_config(tmp_path):
+    out = launch("rollout.n=3", "--conf", "exp/wo_closed_loop.yaml", f"run_root={tmp_path}", "--dry-run", timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "experiment_name: wo_closed_loop" in out.stdout and "'n': 3" in out.stdout
+    assert not any(tmp_path.iterdir())  # nothing written
+    default = launch("--dry-run", timeout=120)
+    assert "experiment_name: tiny_cpu" in default.stdout  # the embedded default recipe
+
+
+def test_bad_config_exits_with_a_message():
+    out = launch("--conf", "exp/SEAL.yaml", "rollout.nn=3", "--dry-run", timeout=120)
+    assert out.returncode == 2 and "unknown key 'rollout.nn'" in out.stderr
+
+
+def test_verl_engine_without_gpu_stops_at_once(tmp_path):
+    out = launch("--conf", "exp/SEAL.yaml", f"run_root={tmp_path}", timeout=120,
+                 env={"CUDA_VISIBLE_DEVICES": ""})
+    assert out.returncode == 3
+    assert "needs CUDA GPUs" in out.stderr and "exp/tiny_cpu.yaml" in out.stderr
+    assert not (tmp_path / "SEAL").exists()  # stopped before writing anything or starting the service
+
+
+def test_tiny_run_end_to_end(tmp_path):
+    """1 step, 2 tasks x 2 rollouts, 2 validation tasks, through the launcher, which starts and stops the
+    env service itself: service start, rollouts, grading, A-Patch, capability update, Ω evolution,
+    PPO update, validation, checkpoint."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    out = launch("--conf", "exp/tiny_cpu.yaml", f"run_root={tmp_path}", f"model.path={tmp_path / 'tiny'}",
+                 f"env.urls=[{url}]", "data.max_train_tasks=2", "data.train_batch_size=2", "data.max_val_tasks=2",
+                 "actor.ppo_mini_batch_size=1", "trainer.total_training_steps=1", "experiment_name=smoke",
+                 env={"BFCL_PROJECT_ROOT": str(tmp_path / "bfcl_root")})
+    assert out.returncode == 0, out.stderr[-4000:]
+    run = tmp_path / "smoke"
+    assert "engine: local" in (run / "config.yaml").read_text()
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
+    before, step = rows
+    assert before["val/count/multi_turn_base"] == 1 and before["val/count/multi_turn_miss_func"] == 1
+    assert 0.0 <= before["val/accuracy/average"] <= 1.0
+    for key in ("train/reward_mean", "train/accuracy_mean", "train/excluded", "apatch/enabled",
+                "apatch/mean_scale", "capability/observe_count", "interface/version", "actor/pg_loss",
+                "actor/grad_norm", "timing/rollout", "timing/update", "val/accuracy/average"):
+        assert key in step, key
+    assert step["train/num_rollouts"] == 4 and step["capability/observe_count"] == 4 - step["train/excluded"]
+    assert any(k.startswith("train/tag_frac/") for k in step)
+    latest = json.loads((run / "checkpoints" / "latest.json").read_text())
+    assert latest == {"step": 1, "path": "checkpoints/step_1"}
+    ckpt = run / latest["path"]
+    state = json.loads((ckpt / "seal_state.json").read_text())
+    assert state["last_step"] == 1 and state["capability"]["observe_count"] == step["capability/observe_count"]
+    assert state["omega"]["version"] == step["interface/version"]
+    assert (ckpt / "config.json").is_file() and (ckpt / "model.safetensors").is_file()
+    assert (ckpt / "tokenizer.json").is_file() and (ckpt / "trainer_state.pt").is_file()
+    assert json.loads((run / "checkpoints" / "best.json").read_text())["metric"] == "val/accuracy/average"
+    assert (run / "env_service.log").is_file()
+    with pytest.raises(httpx.HTTPError):  # the launcher stopped the service it started
+        httpx.get(f"{url}/healthz", timeout=2.0)
