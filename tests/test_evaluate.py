@@ -213,8 +213,8 @@ def test_run_evaluates_last_and_best_checkpoints(service_url, tmp_path):
     assert last["policy"] == f"hf:{run / 'checkpoints' / 'step_4'}"
     assert any("honest number" in n for n in last["notes"]) and any("optimistic" in n for n in best["notes"])
     assert len(read_jsonl(run / "eval" / "best" / "results.jsonl")) == 1
-    # The report scripts resolve a run directory to its eval/best.
-    assert read_summary(run)["checkpoint"]["name"] == "best"
+    # The report scripts resolve a run directory to its eval/last (best is selected on the test set).
+    assert read_summary(run)["checkpoint"]["name"] == "last"
 
     # Best = last: evaluated once, the results copied.
     (run / "checkpoints" / "best.json").write_text(json.dumps(
