@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from types import SimpleNamespace
 
 import numpy as np
@@ -20,7 +21,7 @@ from verl.trainer.ppo.v1.trainer_base import PPOTrainer  # noqa: E402
 from verl.utils.tensordict_utils import assign_non_tensor_data, list_of_dict_to_tensordict  # noqa: E402
 
 import seal.verl_trainer as VT  # noqa: E402
-from seal.config import load_config  # noqa: E402
+from seal.config import REPO_ROOT, load_config  # noqa: E402
 from seal.rollout import Rollout  # noqa: E402
 from seal.tokenizer import EOS_TOKEN_ID  # noqa: E402
 from seal.verl_agent_loop import FEED_KEY, EpisodeFeed, rollout_to_output  # noqa: E402
@@ -337,3 +338,40 @@ def test_trainer_refuses_a_config_without_the_recipe(model_dir, tmp_path):
         del v["seal"]
     with pytest.raises(ValueError, match="seal.recipe"):
         VT.SealTrainer(v)
+
+
+# --------------------------------------------------------------------------- the engine entry
+def test_engine_refuses_at_once_without_gpus(tmp_path):
+    import torch as _torch
+
+    from seal.verl_engine import EngineUnavailable, train
+
+    if _torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    recipe = load_config("exp/SEAL.yaml")
+    with pytest.raises(EngineUnavailable, match="exp/tiny_cpu.yaml"):
+        train(recipe, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_build_verl_config_writes_round_robin_subsets_and_ray_env(tmp_path):
+    import pandas as pd
+
+    from seal.verl_engine import build_verl_config
+
+    recipe = load_config("exp/SEAL.yaml", ["data.max_train_tasks=6", "data.max_val_tasks=3", "trainer.nnodes=2",
+                                           "env.urls=[http://10.0.0.2:8082,http://10.0.0.3:8082]"])
+    v = build_verl_config(recipe, tmp_path)
+    train = pd.read_parquet(v.data.train_files)
+    assert v.data.train_files == str(tmp_path.resolve() / "data" / "train_subset.parquet")
+    assert list(train.data_source) == ["multi_turn_base", "multi_turn_long_context", "multi_turn_miss_func",
+                                       "multi_turn_miss_param", "multi_turn_base", "multi_turn_long_context"]
+    full = pd.read_parquet("data/bfcl_train.parquet")
+    firsts = [full[full.data_source == c].iloc[0].extra_info["task_id"] for c in sorted(set(full.data_source))]
+    assert [e["task_id"] for e in train.extra_info[:4]] == firsts
+    assert len(pd.read_parquet(v.data.val_files)) == 3
+    env = v.ray_kwargs.ray_init.runtime_env.env_vars
+    assert "seal.verl_plugin" in env.VERL_USE_EXTERNAL_MODULES.split(",")
+    assert env.PYTHONPATH.split(os.pathsep)[0] == str(REPO_ROOT)
+    assert v.ray_kwargs.ray_init.address == "auto"  # two nodes: join the running Ray cluster
+    assert list(v.seal.recipe.env.urls) == ["http://10.0.0.2:8082", "http://10.0.0.3:8082"]
