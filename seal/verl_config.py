@@ -174,6 +174,9 @@ def recipe_overrides(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         "algorithm.gamma": 1.0,
         "algorithm.lam": 1.0,
         "critic.enable": False,
+        # O: the agent loop sets each episode's reward itself (verl then skips its reward loop), so
+        # verl's reward workers stay idle; one is enough.
+        "reward.num_workers": 1,
         # trainer
         "trainer.total_epochs": int(t.total_epochs),
         "trainer.total_training_steps": (None if t.total_training_steps is None else int(t.total_training_steps)),

@@ -58,7 +58,8 @@ def check_gpus(cfg: DictConfig) -> int:
 
 
 def check_env_services(urls: Sequence[str], timeout: float = 5.0) -> None:
-    """Every env-service replica must answer `GET /healthz` before the trainer starts."""
+    """At least one env-service replica must answer `GET /healthz` before the trainer starts (the
+    client fails over from dead replicas, which are only warned about)."""
     import httpx
 
     dead = []
@@ -68,9 +69,11 @@ def check_env_services(urls: Sequence[str], timeout: float = 5.0) -> None:
                 dead.append(url)
         except httpx.HTTPError:
             dead.append(url)
-    if dead:
+    if len(dead) == len(urls):
         raise EngineUnavailable(f"env service not reachable at {dead}: start it with `python -m env_service` "
                                 "(the launcher does when env.start_service is true)")
+    for url in dead:
+        log.warning("env replica %s does not answer; episodes go to the others", url)
 
 
 def round_robin_subset(parquet: str, n: int, out: Path) -> str:

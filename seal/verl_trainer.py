@@ -205,6 +205,22 @@ class MetricsLog:
         return getattr(self.tracking, name)
 
 
+def trim_metrics(path: Path, keep_through: int) -> None:
+    """Keep only the lines of `path` with `step <= keep_through` (0 keeps nothing: a fresh run)."""
+    if not path.is_file():
+        return
+    kept = []
+    if keep_through > 0:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                step = int(json.loads(line)["step"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            if step <= keep_through:
+                kept.append(line)
+    path.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+
+
 def _write_json(path: Path, payload: Mapping[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n", encoding="utf-8")
@@ -247,8 +263,12 @@ class SealTrainer(PPOTrainerSync):
 
     @logger.setter
     def logger(self, tracking: Any) -> None:
-        wants_jsonl = "jsonl" in list(self.recipe.trainer.logger)
-        self.__dict__["_metrics_log"] = MetricsLog(tracking, self.run_dir / "metrics.jsonl" if wants_jsonl else None)
+        path = self.run_dir / "metrics.jsonl" if "jsonl" in list(self.recipe.trainer.logger) else None
+        if path is not None:
+            # verl creates the logger after loading a checkpoint: a fresh run starts a new file, a resumed
+            # one drops what the interrupted run logged after its checkpoint (as the local engine does).
+            trim_metrics(path, keep_through=int(getattr(self, "global_steps", 0) or 0))
+        self.__dict__["_metrics_log"] = MetricsLog(tracking, path)
 
     # ------------------------------------------------------------------ episodes
     def episode_feed(self, validate: bool) -> EpisodeFeed:
