@@ -549,6 +549,9 @@ def train(cfg: Any, run_dir: str | os.PathLike[str], generate_factory: GenerateF
             _write_json(run_dir / CHECKPOINTS / "best.json", best)
         return {"timing/checkpoint": time.perf_counter() - t0}
 
+    if start_step >= total_steps:
+        log.info("the run in %s is already complete (step %d of %d); trainer.resume=disable starts it over",
+                 run_dir, start_step, total_steps)
     try:
         if resume_from is None and cfg.trainer.val_before_train:
             metrics = validate(cfg, generate, tokenizer, val_tasks, 0, run_dir)
