@@ -77,13 +77,18 @@ def check_env_services(urls: Sequence[str], timeout: float = 5.0) -> None:
 
 
 def round_robin_subset(parquet: str, n: int, out: Path) -> str:
-    """The first `n` rows taken round-robin over `data_source` (category), in file order per category."""
+    """The first `n` rows taken round-robin over `data_source` (category), in file order per category,
+    written to `out` (the whole file when `n` covers it)."""
     import pandas as pd
 
     df = pd.read_parquet(parquet)
     if n >= len(df):
         return parquet
-    groups = [g.index.tolist() for _, g in df.groupby("data_source", sort=True)]
+    from env_service.vocab import CATEGORIES
+
+    # Same order as the local engine's subsets (seal.local_engine.load_tasks): the paper's categories first.
+    by_cat = {str(c): g.index.tolist() for c, g in df.groupby("data_source", sort=True)}
+    groups = [by_cat[c] for c in CATEGORIES if c in by_cat] + [v for c, v in by_cat.items() if c not in CATEGORIES]
     order: list[int] = []
     depth = 0
     while len(order) < n:

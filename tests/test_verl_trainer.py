@@ -362,6 +362,7 @@ def test_engine_refuses_at_once_without_gpus(tmp_path):
 def test_build_verl_config_writes_round_robin_subsets_and_ray_env(tmp_path):
     import pandas as pd
 
+    from env_service.vocab import CATEGORIES
     from seal.verl_engine import build_verl_config
 
     recipe = load_config("exp/SEAL.yaml", ["data.max_train_tasks=6", "data.max_val_tasks=3", "trainer.nnodes=2",
@@ -369,11 +370,13 @@ def test_build_verl_config_writes_round_robin_subsets_and_ray_env(tmp_path):
     v = build_verl_config(recipe, tmp_path)
     train = pd.read_parquet(v.data.train_files)
     assert v.data.train_files == str(tmp_path.resolve() / "data" / "train_subset.parquet")
-    assert list(train.data_source) == ["multi_turn_base", "multi_turn_long_context", "multi_turn_miss_func",
-                                       "multi_turn_miss_param", "multi_turn_base", "multi_turn_long_context"]
+    assert list(train.data_source) == [*CATEGORIES, *CATEGORIES[:2]]  # the local engine's order
     full = pd.read_parquet("data/bfcl_train.parquet")
-    firsts = [full[full.data_source == c].iloc[0].extra_info["task_id"] for c in sorted(set(full.data_source))]
+    firsts = [full[full.data_source == c].iloc[0].extra_info["task_id"] for c in CATEGORIES]
     assert [e["task_id"] for e in train.extra_info[:4]] == firsts
+    from seal.local_engine import load_tasks
+
+    assert [e["task_id"] for e in train.extra_info] == [t.task_id for t in load_tasks("data/bfcl_train.parquet", 6)]
     assert len(pd.read_parquet(v.data.val_files)) == 3
     env = v.ray_kwargs.ray_init.runtime_env.env_vars
     assert "seal.verl_plugin" in env.VERL_USE_EXTERNAL_MODULES.split(",")
