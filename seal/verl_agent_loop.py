@@ -221,7 +221,8 @@ def rollout_to_output(rollout: Rollout, *, eos_id: int, fallback_prompt_ids: lis
     extras = {k: v for k, v in rollout.extras().items() if k not in DROPPED_EXTRAS}
     placeholder = rollout.excluded or not rollout.response_ids
     if placeholder:
-        prompt_ids = list(rollout.prompt_ids) or list(fallback_prompt_ids) or [eos_id]
+        # The short dataset prompt: an excluded episode's own prompt may be the overlong one.
+        prompt_ids = list(fallback_prompt_ids) or list(rollout.prompt_ids) or [eos_id]
         # One unsampled end-of-turn token: verl needs a non-empty response; mask 0 trains nothing.
         response_ids, response_mask, logprobs = [eos_id], [0], [0.0]
         if rollout.excluded:
