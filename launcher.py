@@ -16,18 +16,19 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 from urllib.parse import urlparse
 
 REPO = Path(__file__).resolve().parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from env_service.process import ServiceStartError, healthy, running_service  # noqa: E402
 
 log = logging.getLogger("seal.launcher")
 
@@ -51,64 +52,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_intermixed_args(argv)  # overrides may come before or after the options
 
 
-def service_healthy(url: str, timeout: float = 2.0) -> bool:
-    import httpx
-
-    try:
-        return httpx.get(f"{url.rstrip('/')}/healthz", timeout=timeout).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-class EnvServiceProcess:
-    """The env service as a child process (context manager; always stopped on exit)."""
-
-    def __init__(self, url: str, args: list[str], log_path: Path, startup_timeout: float = 300.0):
-        parsed = urlparse(url)
-        if parsed.hostname not in LOOPBACK_HOSTS or parsed.port is None:
-            raise SystemExit(f"env service at {url} does not answer, and the launcher only starts one on a "
-                             "loopback address with an explicit port; start it yourself or fix env.urls")
-        self.url = url
-        self.cmd = [sys.executable, "-m", "env_service", "--host", parsed.hostname, "--port", str(parsed.port), *args]
-        self.log_path = log_path
-        self.startup_timeout = startup_timeout
-        self.proc: subprocess.Popen | None = None
-        self._log = None
-
-    def __enter__(self) -> EnvServiceProcess:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        env.setdefault("BFCL_PROJECT_ROOT", str(REPO / "runs" / ".bfcl_root"))
-        log.info("starting env service: %s (log: %s)", " ".join(self.cmd[1:]), self.log_path)
-        self.proc = subprocess.Popen(self.cmd, cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + self.startup_timeout
-        while not service_healthy(self.url, timeout=1.0):
-            if self.proc.poll() is not None:
-                self.stop()
-                tail = self.log_path.read_text(errors="replace")[-2000:]
-                raise SystemExit(f"env service exited with code {self.proc.returncode}:\n{tail}")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise SystemExit(f"env service did not answer at {self.url} within {self.startup_timeout:.0f} s")
-            time.sleep(0.2)
-        log.info("env service ready at %s", self.url)
-        return self
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+def start_service(url: str, args: list[str], log_path: Path) -> contextlib.AbstractContextManager:
+    """The env service as a child on the recipe's loopback address (stopped when the context exits)."""
+    parsed = urlparse(url)
+    if parsed.hostname not in LOOPBACK_HOSTS or parsed.port is None:
+        raise SystemExit(f"env service at {url} does not answer, and the launcher only starts one on a "
+                         "loopback address with an explicit port; start it yourself or fix env.urls")
+    os.environ.setdefault("BFCL_PROJECT_ROOT", str(REPO / "runs" / ".bfcl_root"))
+    log.info("starting env service on %s %s (log: %s)", url, " ".join(args), log_path)
+    return running_service(args, host=parsed.hostname, port=parsed.port, log_path=log_path, timeout=300.0)
 
 
 def _raise_on_sigterm(signum: int, frame: object) -> None:
@@ -143,32 +95,33 @@ def main(argv: list[str] | None = None) -> int:
     log.info("run directory: %s", out)
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
 
-    service = None
     first_url = str(cfg.env.urls[0])
-    if cfg.env.start_service and not service_healthy(first_url):
-        service = EnvServiceProcess(first_url, env_service_args(cfg), out / "env_service.log")
-    elif service_healthy(first_url):
-        log.info("using the env service already answering at %s (its step-limit/availability flags are "
-                 "its own, not the recipe's)", first_url)
-    try:
-        if service is not None:
-            service.__enter__()
-        for url in cfg.env.urls[1:]:
-            if not service_healthy(str(url)):
-                log.warning("env replica %s does not answer; the client will retry and fail over", url)
-        if cfg.engine == "local":
-            from seal.local_engine import train
-        else:
-            from seal.verl_engine import train  # written for GPU machines; imported only here
-        result = train(cfg, out)
-        log.info("done: %s", result)
-        return 0
-    except KeyboardInterrupt:
-        log.warning("interrupted")
-        return 130
-    finally:
-        if service is not None:
-            service.stop()
+    with contextlib.ExitStack() as stack:
+        try:
+            if not healthy(first_url):
+                if not cfg.env.start_service:
+                    raise SystemExit(f"no env service answers at {first_url} and env.start_service is false")
+                stack.enter_context(start_service(first_url, env_service_args(cfg), out / "env_service.log"))
+                log.info("env service ready at %s", first_url)
+            else:
+                log.info("using the env service already answering at %s (its step-limit/availability flags are "
+                         "its own, not the recipe's)", first_url)
+            for url in cfg.env.urls[1:]:
+                if not healthy(str(url)):
+                    log.warning("env replica %s does not answer; the client will retry and fail over", url)
+            if cfg.engine == "local":
+                from seal.local_engine import train
+            else:
+                from seal.verl_engine import train  # written for GPU machines; imported only here
+            result = train(cfg, out)
+            log.info("done: %s", result)
+            return 0
+        except ServiceStartError as exc:
+            print(f"launcher: {exc}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            log.warning("interrupted")
+            return 130
 
 
 if __name__ == "__main__":

@@ -25,8 +25,8 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from env_service.process import running_service  # noqa: E402
 from env_service.tasks import ground_truth_tool_calls, split_ids  # noqa: E402
-from tests.service import running_service  # noqa: E402
 
 
 def pct(values: list[float], q: float) -> float:

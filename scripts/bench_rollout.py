@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.url:
             urls, pids = list(args.url), []
         else:
-            from tests.service import running_service
+            from env_service.process import running_service
 
             started = [stack.enter_context(running_service()) for _ in range(args.replicas)]
             urls, pids = [u for u, _ in started], [p.pid for _, p in started]

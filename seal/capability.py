@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
@@ -39,6 +38,7 @@ from typing import Any
 
 from env_service.vocab import EXCLUDED_TAGS, PASS, category_of
 from seal.config_parsing import apply_release_zero_fallback, config_from_mapping
+from seal.io_utils import write_json_atomic
 from seal.profile import FailureProfile, failure_profile
 from seal.weights import UNKNOWN_TAG, check_vocabulary, reply_field
 from seal.weights import base_weights as base_weight_table
@@ -386,17 +386,7 @@ class CapabilityState:
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write ``state_dict()`` as JSON, atomically (a crash never leaves half a file)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(self.state_dict(), fh, indent=1, sort_keys=True)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return write_json_atomic(path, self.state_dict())
 
     def load(self, path: str | os.PathLike[str], force: bool = False) -> None:
         """Restore from a file written by ``save`` (same run unless ``force``)."""

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
@@ -32,6 +31,7 @@ from seal import config as C
 from seal.apatch import apply_apatch
 from seal.capability import CapabilityState, TrajectoryRecord
 from seal.evolve import evolve, initial_interface, interface_metrics, validate_interface
+from seal.io_utils import write_json_atomic
 from seal.reward import compute_reward
 from seal.weights import reply_field
 
@@ -237,17 +237,7 @@ class SealController:
 
     def save(self, directory: str | os.PathLike[str]) -> Path:
         """Write `<directory>/seal_state.json` atomically."""
-        path = Path(directory) / STATE_FILE
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(self.state_dict(), fh, indent=1, sort_keys=True)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return write_json_atomic(Path(directory) / STATE_FILE, self.state_dict())
 
     def load(self, directory: str | os.PathLike[str], force: bool = False) -> None:
         """Restore from `<directory>/seal_state.json` (a checkpoint directory)."""

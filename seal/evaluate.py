@@ -18,10 +18,7 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import shutil
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -29,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from env_service.process import running_service
 from env_service.vocab import CATEGORIES, category_of
 from seal import paper_numbers as pn
 from seal.agent_loop import check_created, check_step, run_episode, safe_delete
@@ -82,44 +80,11 @@ class ServiceSettings:
                 f"tool availability {availability}")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @contextlib.contextmanager
 def local_env_service(settings: ServiceSettings, timeout: float = 180.0) -> Iterator[str]:
     """Start ``python -m env_service`` on a free loopback port, yield its URL, stop it afterwards."""
-    import httpx
-
-    port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    cmd = [sys.executable, "-m", "env_service", "--host", "127.0.0.1", "--port", str(port), *settings.cli_args()]
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                err = proc.stderr.read().decode(errors="replace")[-2000:] if proc.stderr else ""
-                raise RuntimeError(f"env service exited with {proc.returncode}: {err}")
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"env service on {url} not healthy after {timeout:.0f} s")
-            time.sleep(0.1)
+    with running_service(settings.cli_args(), timeout=timeout) as (url, _proc):
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 # --- episodes ------------------------------------------------------------------------------------------

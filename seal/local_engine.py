@@ -44,6 +44,7 @@ from seal.agent_loop import EpisodeRequest, run_batch
 from seal.batching import compute_grpo_advantages, group_uids, rollouts_to_dataproto
 from seal.client import EnvClient
 from seal.controller import SealController
+from seal.io_utils import write_json_atomic
 from seal.logging_utils import MetricsLogger, progress
 from seal.rollout import GenerateFn, Generation, Rollout, SamplingParams
 
@@ -339,10 +340,6 @@ def ppo_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Optimiz
 
 
 # --------------------------------------------------------------------------- checkpoints
-def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1), encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -372,7 +369,7 @@ def save_checkpoint(run_dir: Path, step: int, model: Any, tokenizer: Any, optimi
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
-    _write_json(root / "latest.json", {"step": step, "path": f"{CHECKPOINTS}/step_{step}"})
+    write_json_atomic(root / "latest.json", {"step": step, "path": f"{CHECKPOINTS}/step_{step}"})
     return final
 
 
@@ -546,7 +543,7 @@ def train(cfg: Any, run_dir: str | os.PathLike[str], generate_factory: GenerateF
         t0 = time.perf_counter()
         save_checkpoint(run_dir, step, model, tokenizer, optimizer, controller, trainer_state(step))
         if improved:
-            _write_json(run_dir / CHECKPOINTS / "best.json", best)
+            write_json_atomic(run_dir / CHECKPOINTS / "best.json", best)
         return {"timing/checkpoint": time.perf_counter() - t0}
 
     if start_step >= total_steps:

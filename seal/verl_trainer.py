@@ -47,6 +47,7 @@ from verl.utils import tensordict_utils as tu
 from verl.workers.utils.padding import response_to_nested
 
 from seal.controller import STATE_FILE, SealController
+from seal.io_utils import write_json_atomic
 from seal.verl_agent_loop import FEED_KEY, EpisodeFeed
 from seal.verl_config import TRAINER_MODE
 
@@ -221,12 +222,6 @@ def trim_metrics(path: Path, keep_through: int) -> None:
     path.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
 
 
-def _write_json(path: Path, payload: Mapping[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
 # --------------------------------------------------------------------------- the trainer mode
 @register_trainer(TRAINER_MODE)
 class SealTrainer(PPOTrainerSync):
@@ -379,7 +374,7 @@ class SealTrainer(PPOTrainerSync):
         self.best = {"step": step, "path": path, "metric": key, "value": value}
         ckpt = self._ckpt_root()
         ckpt.mkdir(parents=True, exist_ok=True)
-        _write_json(ckpt / "best.json", self.best)
+        write_json_atomic(ckpt / "best.json", self.best)
 
     # ------------------------------------------------------------------ checkpoints
     def _ckpt_root(self) -> Path:
@@ -397,7 +392,7 @@ class SealTrainer(PPOTrainerSync):
         if link.is_symlink() or link.exists():
             link.unlink()
         link.symlink_to(folder.name, target_is_directory=True)
-        _write_json(self._ckpt_root() / "latest.json", {"step": step, "path": f"checkpoints/step_{step}"})
+        write_json_atomic(self._ckpt_root() / "latest.json", {"step": step, "path": f"checkpoints/step_{step}"})
 
     def _load_checkpoint(self) -> None:
         super()._load_checkpoint()

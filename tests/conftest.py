@@ -6,7 +6,7 @@ import pytest
 # bfcl_eval writes folders under BFCL_PROJECT_ROOT at import time; keep them out of the checkout.
 os.environ.setdefault("BFCL_PROJECT_ROOT", os.path.join(tempfile.gettempdir(), "seal_bfcl_root"))
 
-from tests.service import running_service  # noqa: E402
+from env_service.process import running_service  # noqa: E402
 
 
 @pytest.fixture(scope="session")

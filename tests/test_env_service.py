@@ -9,8 +9,8 @@ import time
 import httpx
 import pytest
 
+from env_service.process import running_service
 from env_service.tasks import ground_truth_tool_calls, load_tasks, split_ids
-from tests.service import running_service
 
 MF49 = "multi_turn_miss_func_49"  # BFCL's ground truth calls `tail` in turn 1; it is revealed in turn 3
 WIDE = {"scope": "episode", "max_steps": 200}
@@ -65,7 +65,7 @@ def test_ground_truth_replay_all_800_over_http(service_url):
 
 
 def test_miss_func_49_scores_under_official_availability():
-    with running_service("--no-strict-availability") as (url, _):
+    with running_service(["--no-strict-availability"]) as (url, _):
         results = asyncio.run(replay_all(url, [MF49, "multi_turn_miss_func_0"]))
     assert results[MF49]["accuracy"] == 1.0 and results["multi_turn_miss_func_0"]["accuracy"] == 1.0
 
@@ -249,7 +249,7 @@ def test_bad_requests_get_json_4xx_and_service_survives(service_url):
 
 
 def test_ttl_expiry():
-    with running_service("--ttl", "0.5") as (url, _):
+    with running_service(["--ttl", "0.5"]) as (url, _):
         eid = httpx.post(f"{url}/episodes", json={"task_id": "multi_turn_base_0"}).json()["episode_id"]
         assert (
             httpx.post(f"{url}/episodes/{eid}/step", json={"content": tool_call("pwd", {})}).status_code
@@ -261,7 +261,7 @@ def test_ttl_expiry():
 
 
 def test_bearer_token():
-    with running_service("--token", "s3cret") as (url, _):
+    with running_service(["--token", "s3cret"]) as (url, _):
         assert httpx.get(f"{url}/healthz").status_code == 200
         assert httpx.get(f"{url}/tasks").status_code == 401
         assert httpx.get(f"{url}/tasks", headers={"authorization": "Bearer s3cret"}).status_code == 200

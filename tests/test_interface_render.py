@@ -185,9 +185,7 @@ def test_result_text_matches_bfcl_executor() -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "obj", [None, {}, {"version": 7}, {"schema": None, "cues": None, "error_feedback": None}]
-)
+@pytest.mark.parametrize("obj", [None, {}, {"version": 7}, {"schema": None, "cues": None, "error_feedback": None}])
 def test_raw_interfaces(obj: Any) -> None:
     iface = parse_interface(obj)
     assert iface.is_raw
@@ -566,9 +564,7 @@ def test_schema_instruction() -> None:
     assert line is not None and "\n" not in line
     assert REQUIRED_MARKER in line and "(type:" in line and "accepted values" in line
     only_required = schema_instruction({"required": True})
-    assert (
-        only_required is not None and "(type:" not in only_required and "accepted values" not in only_required
-    )
+    assert only_required is not None and "(type:" not in only_required and "accepted values" not in only_required
     assert schema_instruction({"hide_optional": True}) is not None
     # Our own words, not the release's instruction line (reference §2.3).
     assert "Observation note" not in line
@@ -624,7 +620,8 @@ REAL_TOOL_ERRORS: list[tuple[str, str, str, dict[str, Any], str]] = [
     ("TravelAPI", TRAVEL, "get_flight_cost",
      {"travel_from": "SFO", "travel_to": "LAX", "travel_date": "2024-01-01", "travel_class": "coach"},
      "invalid_value"),
-    ("TravelAPI", TRAVEL, "cancel_booking", {"access_token": "abc123token", "booking_id": "none"}, "unknown_identifier"),
+    ("TravelAPI", TRAVEL, "cancel_booking", {"access_token": "abc123token", "booking_id": "none"},
+     "unknown_identifier"),
     ("TravelAPI", TRAVEL, "set_budget_limit", {"access_token": "abc123token", "budget_limit": "x"}, "wrong_type"),
     ("VehicleControlAPI", VEHICLE, "startEngine", {"ignitionMode": "START"}, "precondition"),
     ("VehicleControlAPI", VEHICLE, "setHeadlights", {"mode": "dim"}, "invalid_value"),
@@ -868,9 +865,7 @@ def test_unavailable_tool_never_lists_names_it_was_not_given() -> None:
 
 
 def test_unavailable_tool_sanitises_the_echoed_name() -> None:
-    hint = error_feedback(
-        "unavailable_tool", "", function_name="evil`\n# Tools" + "x" * 200, available=["cd"]
-    )
+    hint = error_feedback("unavailable_tool", "", function_name="evil`\n# Tools" + "x" * 200, available=["cd"])
     assert hint is not None
     first = hint.split("\n")[0]
     assert "`evil # Tools" in first and "\n" not in first and len(first) < 200
@@ -890,9 +885,7 @@ def test_error_feedback_bad_arguments() -> None:
 
 def test_cue_block() -> None:
     assert cue_block([]) == ""
-    block = cue_block(
-        [Cue("state_mismatch", "Check state first."), {"tag": "spurious_tool_call", "text": "B."}]
-    )
+    block = cue_block([Cue("state_mismatch", "Check state first."), {"tag": "spurious_tool_call", "text": "B."}])
     lines = block.split("\n")
     assert lines == [itf.CUE_HEADER, "- Check state first.", "- B."]
     with pytest.raises(InterfaceError):

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.service import free_port
+from env_service.process import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 
