@@ -41,6 +41,8 @@ from typing import Any, Self
 
 import httpx
 
+from seal.aiohttp_transport import AiohttpTransport
+
 log = logging.getLogger(__name__)
 
 # Transport errors raised before the request was handed to the server: resending cannot duplicate.
@@ -145,11 +147,13 @@ class EnvClient:
         backoff: base delay in seconds; attempt k waits ``backoff * 2**k`` times a jitter in [0.5, 1].
         token: optional bearer token sent as ``Authorization: Bearer <token>``.
         max_connections: connections in total, shared by all replicas (one per concurrent request).
-        pool_size: connections per httpx pool. httpcore's pool bookkeeping on each request grows
-            with the square of the pool size (one 256-connection pool made the 256-episode benchmark
-            CPU-bound), so requests are spread over ceil(max_connections / pool_size) pools, each
-            request going to the pool with the fewest requests in flight.
-        transport: optional httpx transport (tests pass ``httpx.MockTransport``).
+        pool_size: connections per httpx pool when an httpx transport is given. httpcore's pool
+            bookkeeping on each request grows with the square of the pool size (one 256-connection
+            pool made the 256-episode benchmark CPU-bound), so requests are spread over
+            ceil(max_connections / pool_size) pools, each request going to the pool with the fewest
+            requests in flight.
+        transport: optional httpx transport (tests pass ``httpx.MockTransport``); default: aiohttp
+            underneath httpx (``seal.aiohttp_transport``), one pool of ``max_connections``.
     """
 
     def __init__(
@@ -175,6 +179,10 @@ class EnvClient:
         self.max_retries = max_retries
         self.backoff = backoff
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if transport is None:
+            # aiohttp carries the bytes (seal/aiohttp_transport.py: half the CPU per request); one pool.
+            transport = AiohttpTransport(max_connections)
+            pool_size = max_connections
         n_pools = -(-max_connections // pool_size)
         per_pool = -(-max_connections // n_pools)
         # One TLS context for all pools: building one costs ~17 ms (certificate store), even for http.

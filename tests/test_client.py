@@ -335,3 +335,86 @@ def test_unreachable_real_socket_raises_env_unavailable():
             assert info.value.attempts == 3 and "ConnectError" in info.value.last_error
 
     run(go())
+
+
+def _raw_server(handler) -> tuple[int, callable]:
+    """A one-thread TCP server on a free port whose `handler(conn, request_bytes)` decides what to send."""
+    import threading
+
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    hits: list[bytes] = []
+
+    def serve():
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            with conn:
+                data = conn.recv(65536)
+                hits.append(data)
+                handler(conn, data)
+
+    threading.Thread(target=serve, daemon=True).start()
+
+    def stop():
+        srv.close()
+
+    return srv.getsockname()[1], hits, stop
+
+
+def test_default_transport_does_not_resend_a_step_whose_reply_was_lost():
+    # The server reads the request and hangs up without answering: the step may have run, so the client
+    # must not send it again (one hit), and reports EnvUnavailable at once.
+    port, hits, stop = _raw_server(lambda conn, data: None)
+
+    async def go():
+        async with EnvClient(f"http://127.0.0.1:{port}", max_retries=3, backoff=0.0, timeout=5) as client:
+            with pytest.raises(EnvUnavailable) as info:
+                await client.step("e1", "hello")
+            assert "ReadError" in info.value.last_error or "RemoteProtocolError" in info.value.last_error
+
+    try:
+        run(go())
+    finally:
+        stop()
+    assert len(hits) == 1 and hits[0].startswith(b"POST /episodes/e1/step")
+
+
+def test_default_transport_retries_idempotent_routes_after_a_lost_reply():
+    port, hits, stop = _raw_server(lambda conn, data: None)
+
+    async def go():
+        async with EnvClient(f"http://127.0.0.1:{port}", max_retries=2, backoff=0.0, timeout=5) as client:
+            with pytest.raises(EnvUnavailable):
+                await client.evaluate("e1")
+
+    try:
+        run(go())
+    finally:
+        stop()
+    assert len(hits) == 3
+
+
+def test_default_transport_reads_real_replies():
+    body = b'{"status": "ok", "tasks": 800}'
+
+    def reply(conn, data):
+        conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+                     + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body)
+
+    port, hits, stop = _raw_server(reply)
+
+    async def go():
+        async with EnvClient(f"http://127.0.0.1:{port}", token="t0k", timeout=5) as client:
+            health = await client.health()
+            assert health["status"] == "ok" and health["tasks"] == 800
+
+    try:
+        run(go())
+    finally:
+        stop()
+    assert b"authorization: bearer t0k" in hits[0].lower()
