@@ -75,6 +75,32 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         return [json.loads(line) for line in fh if line.strip()]
 
 
+def metrics_row(metrics: Mapping[str, Any], step: int) -> dict[str, Any]:
+    """One ``metrics.jsonl`` line: ``{"step": step, key: plain_number(value), ...}`` (keys sorted).
+
+    Non-finite numbers become null (a NaN loss stays visible); values that are not scalars (dicts, lists,
+    multi-element tensors) are left out."""
+    row: dict[str, Any] = {"step": int(step)}
+    for key, value in sorted(metrics.items(), key=lambda kv: str(kv[0])):
+        plain = plain_number(value)
+        if isinstance(plain, str) and not isinstance(value, str):
+            continue
+        row[str(key)] = plain
+    return row
+
+
+def append_metrics(path: Path, row: Mapping[str, Any]) -> None:
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(row) + "\n")
+
+
+def trim_metrics(path: Path, keep_through: int | None) -> None:
+    """Keep the lines with ``step <= keep_through`` (a resumed run rewrites what follows); None empties the
+    file (a fresh run)."""
+    kept = [] if keep_through is None else [r for r in read_metrics(path) if int(r.get("step", 0)) <= keep_through]
+    path.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+
+
 class MetricsLogger:
     """Console + `metrics.jsonl` + optional wandb for one run.
 
@@ -101,13 +127,7 @@ class MetricsLogger:
         self.path = self.run_dir / METRICS_FILE
         self._wandb = None
         if "jsonl" in self.loggers:
-            if resume_step is None:
-                self.path.write_text("", encoding="utf-8")
-            else:
-                kept = [row for row in read_metrics(self.path) if int(row.get("step", 0)) <= resume_step]
-                with open(self.path, "w", encoding="utf-8") as fh:
-                    for row in kept:
-                        fh.write(json.dumps(row) + "\n")
+            trim_metrics(self.path, resume_step)
         if "wandb" in self.loggers:
             self._wandb = self._start_wandb(wandb_project, experiment_name, config, resume_step is not None)
 
@@ -122,11 +142,9 @@ class MetricsLogger:
                           mode=mode, resume="allow" if resume else None, id=None)
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
-        row = {"step": int(step)}
-        row.update({str(k): plain_number(v) for k, v in sorted(metrics.items())})
+        row = metrics_row(metrics, step)
         if "jsonl" in self.loggers:
-            with open(self.path, "a", encoding="utf-8") as fh:
-                fh.write(json.dumps(row) + "\n")
+            append_metrics(self.path, row)
         if "console" in self.loggers:
             shown = [f"{k}={row[k]:.4g}" for k in CONSOLE_KEYS if isinstance(row.get(k), (int, float))]
             log.info("step %d: %s", step, " ".join(shown) if shown else f"{len(row) - 1} metrics")

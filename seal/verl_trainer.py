@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -48,6 +47,7 @@ from verl.workers.utils.padding import response_to_nested
 
 from seal.controller import STATE_FILE, SealController
 from seal.io_utils import write_json_atomic
+from seal.logging_utils import append_metrics, metrics_row, trim_metrics
 from seal.verl_agent_loop import FEED_KEY, EpisodeFeed
 from seal.verl_config import TRAINER_MODE
 
@@ -164,19 +164,6 @@ class FeedingManager:
         return getattr(self._manager, name)
 
 
-def _scalar(value: Any) -> Any:
-    """A JSON value for a metric (numbers as float/int; tensors and numpy scalars unwrapped)."""
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        value = value.item()
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, bool | int | str) or value is None:
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    return None
-
-
 class MetricsLog:
     """verl's `Tracking` plus `<run_dir>/metrics.jsonl` (one flat `{"step": N, key: value}` per call)."""
 
@@ -190,13 +177,7 @@ class MetricsLog:
         if self.tracking is not None:
             self.tracking.log(data=data, step=step, backend=backend)
         if self.jsonl_path is not None:
-            row: dict[str, Any] = {"step": int(step)}
-            for key, value in data.items():
-                v = _scalar(value)
-                if v is not None:
-                    row[str(key)] = v
-            with open(self.jsonl_path, "a", encoding="utf-8") as fh:
-                fh.write(json.dumps(row, sort_keys=True) + "\n")
+            append_metrics(self.jsonl_path, metrics_row(data, step))
 
     def finish(self, exit_code: int = 0) -> None:
         if self.tracking is not None:
@@ -204,22 +185,6 @@ class MetricsLog:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.tracking, name)
-
-
-def trim_metrics(path: Path, keep_through: int) -> None:
-    """Keep only the lines of `path` with `step <= keep_through` (0 keeps nothing: a fresh run)."""
-    if not path.is_file():
-        return
-    kept = []
-    if keep_through > 0:
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                step = int(json.loads(line)["step"])
-            except (ValueError, KeyError, TypeError):
-                continue
-            if step <= keep_through:
-                kept.append(line)
-    path.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
 
 
 # --------------------------------------------------------------------------- the trainer mode
@@ -262,7 +227,7 @@ class SealTrainer(PPOTrainerSync):
         if path is not None:
             # verl creates the logger after loading a checkpoint: a fresh run starts a new file, a resumed
             # one drops what the interrupted run logged after its checkpoint (as the local engine does).
-            trim_metrics(path, keep_through=int(getattr(self, "global_steps", 0) or 0))
+            trim_metrics(path, keep_through=int(getattr(self, "global_steps", 0) or 0) or None)
         self.__dict__["_metrics_log"] = MetricsLog(tracking, path)
 
     # ------------------------------------------------------------------ episodes

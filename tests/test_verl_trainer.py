@@ -326,13 +326,13 @@ def test_metrics_jsonl_is_flat_and_appends(tmp_path):
              "counts": {"a": 1}}, step=0)
     log.log({"train/reward_mean": 0.25}, step=1)
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert lines == [{"step": 0, "val/accuracy/average": 0.5, "actor/pg_loss": 1.5},
+    assert lines == [{"step": 0, "val/accuracy/average": 0.5, "actor/pg_loss": 1.5, "bad": None},
                      {"step": 1, "train/reward_mean": 0.25}]
     assert logged == [0, 1]
     log.log({"train/reward_mean": 0.5}, step=2)
     VT.trim_metrics(tmp_path / "metrics.jsonl", keep_through=1)  # resumed from step 1
     assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [0, 1]
-    VT.trim_metrics(tmp_path / "metrics.jsonl", keep_through=0)  # a fresh run
+    VT.trim_metrics(tmp_path / "metrics.jsonl", keep_through=None)  # a fresh run
     assert (tmp_path / "metrics.jsonl").read_text() == ""
 
 
