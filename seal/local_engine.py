@@ -27,7 +27,6 @@ import math
 import os
 import random
 import shutil
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -44,9 +43,11 @@ from seal.agent_loop import EpisodeRequest, run_batch
 from seal.batching import compute_grpo_advantages, group_uids, rollouts_to_dataproto
 from seal.client import EnvClient
 from seal.controller import SealController
+from seal.hf_generation import HFGenerator
+from seal.hf_generation import autocast_context as _autocast
 from seal.io_utils import write_json_atomic
 from seal.logging_utils import MetricsLogger, progress
-from seal.rollout import GenerateFn, Generation, Rollout, SamplingParams
+from seal.rollout import GenerateFn, Rollout, SamplingParams
 
 log = logging.getLogger("seal.local_engine")
 
@@ -116,74 +117,8 @@ def step_tasks(tasks: Sequence[Task], step: int, cfg: Any) -> tuple[int, int, li
 
 
 # --------------------------------------------------------------------------- generation
-def call_seed(seed: int, prompt_len: int) -> int:
-    """Seed of one model call: the episode's seed and the call's prompt length (grows every call)."""
-    return (int(seed) * 1_000_003 + int(prompt_len)) % (2**63 - 1)
-
-
 def episode_seed(base: int, step: int, index: int) -> int:
     return ((int(base) * 1_000_003 + int(step)) * 100_003 + int(index)) % (2**62)
-
-
-class HFGenerator:
-    """`GenerateFn` over a Hugging Face causal LM: one sequence per call, token ids as sampled.
-
-    Calls run in a worker thread (the event loop keeps serving the other episodes' HTTP traffic)
-    and are serialised by a lock (one model). Sampling at `temperature` with top_p/top_k; greedy
-    when temperature is 0. Stops on the tokenizer's eos and the model's generation eos ids (Qwen2.5:
-    `<|im_end|>` and `<|endoftext|>`); the stop token is kept in `token_ids`.
-    """
-
-    def __init__(self, model: Any, tokenizer: Any, device: torch.device, autocast_dtype: torch.dtype | None = None):
-        self.model = model
-        self.device = device
-        self.autocast_dtype = autocast_dtype
-        stops = {int(tokenizer.eos_token_id)}
-        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        if isinstance(gen_eos, int):
-            stops.add(gen_eos)
-        elif isinstance(gen_eos, (list, tuple)):
-            stops.update(int(x) for x in gen_eos)
-        self.stop_ids = sorted(stops)
-        pad = tokenizer.pad_token_id
-        self.pad_id = int(pad if pad is not None else tokenizer.eos_token_id)
-        self.lock = threading.Lock()
-
-    async def __call__(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        return await asyncio.to_thread(self.generate_sync, prompt_ids, params)
-
-    def generate_sync(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        from transformers import GenerationConfig
-
-        if not params.max_tokens:
-            raise ValueError("SamplingParams.max_tokens must be set (the agent loop sets it)")
-        greedy = params.temperature <= 0.0
-        gen_cfg = GenerationConfig(
-            max_new_tokens=int(params.max_tokens),
-            do_sample=not greedy,
-            temperature=None if greedy else float(params.temperature),
-            top_p=None if greedy else float(params.top_p),
-            top_k=None if greedy or params.top_k <= 0 else int(params.top_k),
-            eos_token_id=self.stop_ids,
-            pad_token_id=self.pad_id,
-        )
-        if not greedy and params.top_k <= 0:
-            gen_cfg.top_k = 0  # HF: 0 disables top-k (the model's default would be 50)
-        with self.lock, torch.no_grad(), _autocast(self.device, self.autocast_dtype):
-            if params.seed is not None:
-                torch.manual_seed(call_seed(params.seed, len(prompt_ids)))
-            inputs = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
-            out = self.model.generate(inputs, attention_mask=torch.ones_like(inputs), generation_config=gen_cfg)
-        ids = out[0, len(prompt_ids):].tolist()
-        if ids and ids[-1] in self.stop_ids:
-            return Generation(ids, "stop")
-        return Generation(ids, "length")
-
-
-def _autocast(device: torch.device, dtype: torch.dtype | None):
-    if dtype is None or device.type != "cuda":
-        return torch.autocast(device_type="cpu", enabled=False)
-    return torch.autocast(device_type="cuda", dtype=dtype)
 
 
 GenerateFactory = Callable[[Any, Any, torch.device], GenerateFn]

@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx
 
+from seal.hf_generation import HFGenerator
 from seal.rollout import GenerateFn, Generation, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -152,66 +153,6 @@ def text_agent_from_tokens(backend: TokenBackend, max_tokens: int) -> Agent:
         return tokenizer.decode(gen.token_ids, skip_special_tokens=True)
 
     return agent
-
-
-class HFGenerator:
-    """Greedy (or sampled) generation with a local `transformers` causal LM, one call at a time.
-
-    `generate` runs the model in a worker thread so the event loop keeps serving the env client; a lock
-    serialises calls (one model, no batching: use `vllm:` for throughput).
-    """
-
-    def __init__(self, path: str, device: str | None = None, dtype: str = "auto"):
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        if not os.path.exists(path):
-            raise PolicyError(f"hf: no model directory at {path!r}")
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        torch_dtype = getattr(torch, dtype) if dtype != "auto" else "auto"
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(self.device).eval()
-        eos = self.model.generation_config.eos_token_id
-        eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        eos_ids.add(self.tokenizer.eos_token_id)
-        self.eos_ids = sorted(i for i in eos_ids if i is not None)
-        pad = self.tokenizer.pad_token_id
-        self.pad_id = pad if pad is not None else self.eos_ids[0]
-        self._lock: asyncio.Lock | None = None
-
-    def generate_sync(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        import torch
-        from transformers import GenerationConfig
-
-        if params.max_tokens is None or params.max_tokens <= 0:
-            raise ValueError("hf generate needs max_tokens > 0")
-        greedy = params.temperature <= 0
-        config = GenerationConfig(
-            max_new_tokens=params.max_tokens,
-            do_sample=not greedy,
-            temperature=None if greedy else params.temperature,
-            top_p=None if greedy else params.top_p,
-            top_k=None if greedy or params.top_k < 0 else params.top_k,
-            eos_token_id=self.eos_ids,
-            pad_token_id=self.pad_id,
-        )
-        if params.seed is not None:
-            torch.manual_seed(params.seed)
-        inputs = torch.tensor([prompt_ids], device=self.device)
-        with torch.no_grad():
-            out = self.model.generate(inputs, attention_mask=torch.ones_like(inputs), generation_config=config)
-        ids = out[0, len(prompt_ids):].tolist()
-        # Keep exactly the sampled tokens: up to and including the first stop token.
-        for i, token in enumerate(ids):
-            if token in self.eos_ids:
-                return Generation(ids[: i + 1], "stop")
-        return Generation(ids, "length")
-
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        async with self._lock:
-            return await asyncio.to_thread(self.generate_sync, prompt_ids, params)
 
 
 class VLLMGenerator:
@@ -380,8 +321,10 @@ def parse_policy(spec: str, options: PolicyOptions | None = None) -> Policy:
         raise PolicyError(f"unknown policy {spec!r}; expected hf:<path>, vllm:<path>, openai:<base_url>#<model>, "
                           "ground_truth or empty")
     if kind == "hf":
-        gen = HFGenerator(rest, device=options.device, dtype=options.dtype)
-        backend = TokenBackend(gen.tokenizer, gen.generate)
+        if not os.path.exists(rest):
+            raise PolicyError(f"hf: no model directory at {rest!r}")
+        gen = HFGenerator.from_pretrained(rest, device=options.device, dtype=options.dtype)
+        backend = TokenBackend(gen.tokenizer, gen)
         return Policy(spec, "token", lambda task_id: text_agent_from_tokens(backend, options.max_tokens_per_call),
                       token_backend=backend, notes=[f"hf: greedy Hugging Face generation on {gen.device}"])
     if kind == "vllm":

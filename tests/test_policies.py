@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from env_service.parser import parse_tool_calls
+from env_service.process import free_port
 from env_service.tasks import ground_truth_tool_calls, load_tasks
 from seal import evaluate as ev
 from seal.policies import (
@@ -122,7 +123,7 @@ class FakeOpenAI:
             return {"id": "x", "object": "chat.completion", "model": body["model"],
                     "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
 
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=ev._free_port(), log_level="error"))
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="error"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     @property
