@@ -10,6 +10,8 @@ raised before the request could reach the server become ``httpx.ConnectError`` /
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 import httpx
 
@@ -20,12 +22,16 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
     def __init__(self, max_connections: int) -> None:
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def _get_session(self) -> aiohttp.ClientSession:
-        # Created lazily: an aiohttp session binds to the running event loop.
-        if self._session is None or self._session.closed:
+        # Created lazily, and again if the client is used from another event loop: an aiohttp session is bound
+        # to the loop it was created on.
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._session.closed or self._loop is not loop:
             connector = aiohttp.TCPConnector(limit=self._max_connections, ttl_dns_cache=300)
             self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+            self._loop = loop
         return self._session
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -60,6 +66,6 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         )
 
     async def aclose(self) -> None:
-        if self._session is not None:
+        if self._session is not None and self._loop is asyncio.get_running_loop():
             await self._session.close()
-            self._session = None
+        self._session = None

@@ -418,3 +418,21 @@ def test_default_transport_reads_real_replies():
     finally:
         stop()
     assert b"authorization: bearer t0k" in hits[0].lower()
+
+
+def test_client_survives_being_used_from_a_second_event_loop():
+    body = b'{"task_ids": ["a"]}'
+
+    def reply(conn, data):
+        conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+                     + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body)
+
+    port, hits, stop = _raw_server(reply)
+    client = EnvClient(f"http://127.0.0.1:{port}", timeout=5)
+    try:
+        assert run(client.tasks("eval")) == ["a"]  # one asyncio.run ...
+        assert run(client.tasks("eval")) == ["a"]  # ... and another: a new loop, a new session
+        run(client.aclose())
+    finally:
+        stop()
+    assert len(hits) == 2
