@@ -18,6 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from seal import failure_report
+from seal.io_utils import write_text_or_stdout  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,12 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"failure_report: error: {exc}", file=sys.stderr)
         return 2
     markdown = "\n".join(parts)
-    if args.out is None:
-        sys.stdout.write(markdown)
-    else:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(markdown, encoding="utf-8")
-        print(f"wrote {args.out}", file=sys.stderr)
+    write_text_or_stdout(args.out, markdown)
     return 0
 
 

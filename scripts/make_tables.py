@@ -28,6 +28,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from seal import tables
+from seal.io_utils import write_text_or_stdout  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,12 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, yaml.YAMLError) as exc:
         print(f"make_tables: error: {exc}", file=sys.stderr)
         return 2
-    if args.out is None:
-        sys.stdout.write(markdown)
-    else:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(markdown, encoding="utf-8")
-        print(f"wrote {args.out}", file=sys.stderr)
+    write_text_or_stdout(args.out, markdown)
     return 0
 
 

@@ -23,3 +23,16 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def write_text_or_stdout(path: str | os.PathLike[str] | None, text: str) -> None:
+    """Write ``text`` to ``path`` (folders created; "wrote <path>" on stderr), or to stdout when None."""
+    import sys
+
+    if path is None:
+        sys.stdout.write(text)
+        return
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    print(f"wrote {path}", file=sys.stderr)
