@@ -156,6 +156,13 @@ def _resources_for(config: DictConfig) -> _WorkerResources:
     return resources
 
 
+async def close_loop_resources() -> None:
+    """Close the env client shared by the running event loop's episodes (a worker shutting down; tests)."""
+    entry = _RESOURCES.pop(id(asyncio.get_running_loop()), None)
+    if entry is not None:
+        await entry[2].client.aclose()
+
+
 def task_id_of(row: dict[str, Any]) -> str:
     """The BFCL task id of a dataset row (`extra_info.task_id`, else `extra_info.index`)."""
     extra = row.get("extra_info") or {}

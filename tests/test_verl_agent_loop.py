@@ -30,7 +30,7 @@ from seal.config import load_config  # noqa: E402
 from seal.controller import SealController  # noqa: E402
 from seal.rollout import Rollout  # noqa: E402
 from seal.tokenizer import EOS_TOKEN_ID, build_qwen_tokenizer  # noqa: E402
-from seal.verl_agent_loop import FEED_KEY, EpisodeFeed, rollout_to_output  # noqa: E402
+from seal.verl_agent_loop import FEED_KEY, EpisodeFeed, close_loop_resources, rollout_to_output  # noqa: E402
 from seal.verl_config import AGENT_LOOP_NAME, to_verl_config  # noqa: E402
 from seal.verl_trainer import seal_advantages  # noqa: E402
 
@@ -162,7 +162,10 @@ def worker_run(recipe, tok, tmp_path_factory):
 
     async def go():
         worker = AgentLoopWorker(verl_cfg, server)
-        return await worker.generate_sequences(batch)
+        try:
+            return await worker.generate_sequences(batch)
+        finally:
+            await close_loop_resources()
 
     out = asyncio.run(go())
     return {"out": out, "server": server, "omega": omega, "verl_cfg": verl_cfg, "rows": rows,
