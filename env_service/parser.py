@@ -55,6 +55,11 @@ def _parse_block(body: str) -> tuple[dict[str, Any] | None, str | None]:
     return {"name": name, "arguments": arguments}, None
 
 
+def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
+    """One call in the layout this parser reads (Qwen/Hermes ``<tool_call>`` JSON)."""
+    return f"{OPEN}\n{json.dumps({'name': name, 'arguments': arguments})}\n{CLOSE}"
+
+
 def parse_tool_calls(text: str) -> ParsedMessage:
     """Parse one raw assistant message. Never raises on any input string."""
     if not isinstance(text, str):

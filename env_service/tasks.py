@@ -17,6 +17,7 @@ from typing import Any
 
 from env_service.bfcl import ANSWER_DIR, DATA_DIR, FUNC_DOC_DIR, MULTI_TURN_FUNC_DOC_FILE_MAPPING
 from env_service.calls import bind_arguments, parse_call_string
+from env_service.parser import format_tool_call
 from env_service.vocab import CATEGORIES, category_of
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -148,6 +149,18 @@ def split_ids(split: str, path: str | None = None) -> list[str]:
     if split == "all":
         return list(load_tasks())
     return load_split(path)[split]
+
+
+TURN_END_REPLY = "Done."  # a plain reply: ends the turn in a replay
+
+
+def ground_truth_replies(task_id: str) -> list[str]:
+    """Assistant messages replaying the ground truth: one ``<tool_call>`` per step, a plain reply per turn."""
+    texts: list[str] = []
+    for turn in ground_truth_tool_calls(task_id):
+        texts += [format_tool_call(call["name"], call["arguments"]) for call in turn]
+        texts.append(TURN_END_REPLY)
+    return texts
 
 
 def ground_truth_tool_calls(task_id: str) -> list[list[dict[str, Any]]]:

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from env_service.process import running_service  # noqa: E402
-from env_service.tasks import ground_truth_tool_calls, split_ids  # noqa: E402
+from env_service.tasks import ground_truth_replies, split_ids  # noqa: E402
 
 
 def pct(values: list[float], q: float) -> float:
@@ -36,16 +36,12 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
-def tool_call(call: dict) -> str:
-    return "<tool_call>\n" + json.dumps(call) + "\n</tool_call>"
-
-
 async def replay_load(url: str, task_ids: list[str], concurrency: int) -> dict:
     latencies: dict[str, list[float]] = defaultdict(list)
     grade_ms: list[float] = []
     scores: list[float] = []
     steps = 0
-    scripts = {tid: ground_truth_tool_calls(tid) for tid in task_ids}
+    scripts = {tid: ground_truth_replies(tid) for tid in task_ids}
     queue = list(task_ids)
     # aiohttp, not httpx, generates the load: on 2 shared cores httpx's per-request CPU cost at 32 concurrent
     # connections dominates the measurement (measured: ~20 episodes/s from httpx vs ~150 from aiohttp).
@@ -66,11 +62,8 @@ async def replay_load(url: str, task_ids: list[str], concurrency: int) -> dict:
                 tid = queue.pop()
                 body = {"task_id": tid, "mode": "eval", "step_limit": {"scope": "episode", "max_steps": 200}}
                 eid = (await timed("create", "POST", "/episodes", json=body))["episode_id"]
-                for turn in scripts[tid]:
-                    for call in turn:
-                        await timed("step", "POST", f"/episodes/{eid}/step", json={"content": tool_call(call)})
-                        steps += 1
-                    await timed("step", "POST", f"/episodes/{eid}/step", json={"content": "Done."})
+                for content in scripts[tid]:
+                    await timed("step", "POST", f"/episodes/{eid}/step", json={"content": content})
                     steps += 1
                 result = await timed("evaluate", "POST", f"/episodes/{eid}/evaluate")
                 grade_ms.append(result["grade_ms"])

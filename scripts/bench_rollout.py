@@ -40,13 +40,9 @@ from seal.tokenizer import EOS_TOKEN_ID, build_qwen_tokenizer  # noqa: E402
 
 def replay_outputs(codec: ChatCodec, task_id: str) -> list[list[int]]:
     """Token ids of the ground-truth replay of `task_id`, one list per model call."""
-    from env_service.tasks import ground_truth_tool_calls
+    from env_service.tasks import ground_truth_replies
 
-    texts: list[str] = []
-    for turn in ground_truth_tool_calls(task_id):
-        texts += [f"<tool_call>\n{json.dumps(call)}\n</tool_call>" for call in turn]
-        texts.append("Done.")
-    return [codec.encode(t) + [EOS_TOKEN_ID] for t in texts]
+    return [codec.encode(t) + [EOS_TOKEN_ID] for t in ground_truth_replies(task_id)]
 
 
 def mock_model(outputs: list[list[int]], latency: float):

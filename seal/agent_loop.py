@@ -22,7 +22,7 @@ import asyncio
 import logging
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
@@ -421,6 +421,17 @@ async def run_episode(
                    messages=[{"role": "error", "content": last_error}])
 
 
+async def run_all(coroutines: Iterable[Coroutine[Any, Any, None]]) -> None:
+    """Run coroutines concurrently; the first failure cancels the others and is raised itself, not as an
+    exception group (callers catch concrete exceptions)."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            for coroutine in coroutines:
+                group.create_task(coroutine)
+    except BaseExceptionGroup as group_error:
+        raise group_error.exceptions[0] from group_error
+
+
 async def run_batch(
     client: Any,
     generate: GenerateFn,
@@ -458,11 +469,5 @@ async def run_batch(
         if on_done is not None:
             on_done(i, results[i])  # type: ignore[arg-type]
 
-    try:
-        async with asyncio.TaskGroup() as group:
-            for i, req in enumerate(requests):
-                group.create_task(one(i, req))
-    except BaseExceptionGroup as group_error:
-        # Surface the first failure itself rather than a group (callers catch concrete exceptions).
-        raise group_error.exceptions[0] from group_error
+    await run_all(one(i, req) for i, req in enumerate(requests))
     return [r for r in results if r is not None]

@@ -29,7 +29,7 @@ from typing import Any
 from env_service.process import running_service
 from env_service.vocab import CATEGORIES, category_of
 from seal import paper_numbers as pn
-from seal.agent_loop import check_created, check_step, run_episode, safe_delete
+from seal.agent_loop import check_created, check_step, run_all, run_episode, safe_delete
 from seal.client import EnvClient, EnvClientError, EnvUnavailable
 from seal.policies import (
     GREEDY,
@@ -254,11 +254,7 @@ async def evaluate_tasks(policy: Policy, client: Any, task_ids: Sequence[str], *
         bar.set_postfix(acc=f"{passed / finished:.3f}", refresh=False)
 
     try:
-        async with asyncio.TaskGroup() as group:
-            for index, task_id in enumerate(task_ids):
-                group.create_task(one(index, task_id))
-    except BaseExceptionGroup as group_error:
-        raise group_error.exceptions[0] from group_error
+        await run_all(one(index, task_id) for index, task_id in enumerate(task_ids))
     finally:
         bar.close()
     return [r for r in records if r is not None]

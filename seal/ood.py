@@ -43,7 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from seal.policies import EMPTY_REPLY, Agent, Message, Policy, PolicyError, PolicyOptions, parse_policy, tool_call_text
+from env_service.parser import format_tool_call
+from seal.policies import EMPTY_REPLY, Agent, Message, Policy, PolicyError, PolicyOptions, parse_policy
 
 BENCHMARKS = ("bfcl_v4_memory", "bfcl_v4_web_search", "tau2_retail", "tau2_airline", "tau2_telecom")
 MEMORY_BACKENDS = ("kv", "rec_sum", "vector")
@@ -339,12 +340,12 @@ def oracle_agent(entry: AgenticEntry, scenario_answers: dict[str, str]) -> Agent
             if first_prereq and not state["wrote"]:
                 state["wrote"] = True
                 calls = [_ORACLE_WRITE[category](n, a) for n, a in sorted(scenario_answers.items())]
-                return "\n".join(tool_call_text(name, args) for name, args in calls)
+                return "\n".join(format_tool_call(name, args) for name, args in calls)
             return "Noted."
         if not state["asked"]:
             state["asked"] = True
             name, args = _ORACLE_READ[category](entry.number)
-            return tool_call_text(name, args)
+            return format_tool_call(name, args)
         recalled = _recall(messages[-1]["content"], entry.number, category) if messages else None
         answer = recalled if recalled is not None else "I do not know"
         return str({"answer": answer, "context": "retrieved from memory"})

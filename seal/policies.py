@@ -29,6 +29,8 @@ from typing import Any
 
 import httpx
 
+from env_service.parser import format_tool_call
+from env_service.tasks import TURN_END_REPLY, ground_truth_replies
 from seal.hf_generation import HFGenerator
 from seal.rollout import GenerateFn, Generation, SamplingParams
 
@@ -40,9 +42,8 @@ Agent = Callable[[list[Message]], Awaitable[str]]
 # Greedy decoding (release validation: temperature 0, top_k -1, top_p 1.0).
 GREEDY = SamplingParams(temperature=0.0, top_p=1.0, top_k=-1)
 
-# The plain reply of the `empty` self-check and the closing reply of the `ground_truth` replay.
+# The plain reply of the `empty` self-check.
 EMPTY_REPLY = "I am not able to help with that."
-TURN_END_REPLY = "Done."
 
 SELF_CHECKS = ("ground_truth", "empty")
 
@@ -97,25 +98,9 @@ class Policy:
 # --- self-checks ----------------------------------------------------------------------------------------
 
 
-def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
-    """One call in the Qwen/Hermes format the service parses."""
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
-
-
-def ground_truth_script(task_id: str) -> list[str]:
-    """Replies that replay `task_id`'s ground truth: one call per step, then a plain reply per turn."""
-    from env_service.tasks import ground_truth_tool_calls
-
-    texts: list[str] = []
-    for turn in ground_truth_tool_calls(task_id):
-        texts += [tool_call_text(call["name"], call["arguments"]) for call in turn]
-        texts.append(TURN_END_REPLY)
-    return texts
-
-
 def ground_truth_steps(task_id: str) -> int:
     """Model calls the ground-truth replay of `task_id` needs (its step budget for one episode)."""
-    return len(ground_truth_script(task_id))
+    return len(ground_truth_replies(task_id))
 
 
 def scripted_agent(texts: list[str]) -> Agent:
@@ -284,7 +269,7 @@ def _completion_text(resp: httpx.Response) -> str:
             parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
         except ValueError:
             parsed = arguments  # left for the environment's parser to reject, as it would reject text
-        parts.append(tool_call_text(str(function.get("name")), parsed))
+        parts.append(format_tool_call(str(function.get("name")), parsed))
     if content is not None and not isinstance(content, str):
         raise PolicyError(f"chat-completions content is not text: {content!r}"[:300])
     return "\n".join(parts)
@@ -310,7 +295,7 @@ def parse_policy(spec: str, options: PolicyOptions | None = None) -> Policy:
     """Build the policy named by `spec` (see the module docstring); a bad spec raises `PolicyError`."""
     options = options or PolicyOptions()
     if spec == "ground_truth":
-        return Policy(spec, "self_check", lambda task_id: scripted_agent(ground_truth_script(task_id)),
+        return Policy(spec, "self_check", lambda task_id: scripted_agent(ground_truth_replies(task_id)),
                       notes=["ground_truth: harness self-check replaying each task's ground truth "
                              "(one <tool_call> per step, a plain reply ends each turn)"])
     if spec == "empty":

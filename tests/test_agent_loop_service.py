@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 
 import pytest
 
@@ -11,6 +10,7 @@ from seal.agent_loop import run_episode
 from seal.client import EnvClient, EnvClientError
 from seal.rollout import Generation, RolloutLimits
 from seal.tokenizer import EOS_TOKEN_ID, build_qwen_tokenizer
+from tests.helpers import sampled_spans  # noqa: E402
 
 # Short train tasks (ground truth + one closing reply per turn: 4-5 model calls), one per category.
 TASKS = ["multi_turn_base_100", "multi_turn_long_context_144", "multi_turn_miss_func_100",
@@ -24,13 +24,9 @@ def tok():
 
 def replay_model(tok, task_id):
     """A `generate` replaying the task's ground truth: one <tool_call> per call, a plain reply per turn."""
-    from env_service.tasks import ground_truth_tool_calls
+    from env_service.tasks import ground_truth_replies
 
-    texts = []
-    for turn in ground_truth_tool_calls(task_id):
-        texts += [f"<tool_call>\n{json.dumps(c)}\n</tool_call>" for c in turn]
-        texts.append("Done.")
-    outputs = [tok.encode(t, add_special_tokens=False) + [EOS_TOKEN_ID] for t in texts]
+    outputs = [tok.encode(t, add_special_tokens=False) + [EOS_TOKEN_ID] for t in ground_truth_replies(task_id)]
     produced: list[list[int]] = []
 
     async def generate(prompt_ids, params):
@@ -39,17 +35,6 @@ def replay_model(tok, task_id):
         return Generation(ids, "stop")
 
     return generate, produced
-
-
-def sampled_spans(ids, mask):
-    out, cur = [], []
-    for v, m in zip(ids, mask, strict=True):
-        if m:
-            cur.append(v)
-        elif cur:
-            out.append(cur)
-            cur = []
-    return out + ([cur] if cur else [])
 
 
 def test_ground_truth_replay_scores_and_stays_token_exact(service_url, tok):

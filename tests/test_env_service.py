@@ -9,15 +9,12 @@ import time
 import httpx
 import pytest
 
+from env_service.parser import format_tool_call
 from env_service.process import running_service
 from env_service.tasks import ground_truth_tool_calls, load_tasks, split_ids
 
 MF49 = "multi_turn_miss_func_49"  # BFCL's ground truth calls `tail` in turn 1; it is revealed in turn 3
 WIDE = {"scope": "episode", "max_steps": 200}
-
-
-def tool_call(name: str, arguments: dict) -> str:
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
 
 
 async def replay(client: httpx.AsyncClient, task_id: str) -> dict:
@@ -27,7 +24,7 @@ async def replay(client: httpx.AsyncClient, task_id: str) -> dict:
     reply = None
     for turn in ground_truth_tool_calls(task_id):
         for call in turn:
-            reply = (await client.post(f"/episodes/{eid}/step", json={"content": tool_call(**call)})).json()
+            reply = (await client.post(f"/episodes/{eid}/step", json={"content": format_tool_call(**call)})).json()
             assert reply["observation"]["content"].startswith(("<tool_response>", "[ERROR]")), reply
         reply = (await client.post(f"/episodes/{eid}/step", json={"content": "Done."})).json()
     assert reply["done"] and reply["info"]["end_reason"] == "completed"
@@ -106,13 +103,13 @@ def test_isolation_32_concurrent_episodes(service_url):
                     "episode_id"
                 ]
                 await client.post(
-                    f"/episodes/{eid}/step", json={"content": tool_call("mkdir", {"dir_name": f"d{i}"})}
+                    f"/episodes/{eid}/step", json={"content": format_tool_call("mkdir", {"dir_name": f"d{i}"})}
                 )
                 await asyncio.sleep(0.01 * (i % 4))
                 await client.post(
-                    f"/episodes/{eid}/step", json={"content": tool_call("touch", {"file_name": f"f{i}"})}
+                    f"/episodes/{eid}/step", json={"content": format_tool_call("touch", {"file_name": f"f{i}"})}
                 )
-                reply = await client.post(f"/episodes/{eid}/step", json={"content": tool_call("ls", {})})
+                reply = await client.post(f"/episodes/{eid}/step", json={"content": format_tool_call("ls", {})})
                 listing = json.loads(reply.json()["observation"]["content"].split("\n")[1])
                 await client.delete(f"/episodes/{eid}")
                 return f"d{i}", listing["current_directory_content"]
@@ -149,7 +146,7 @@ INJECTIONS = [
 def test_injected_tool_names_are_refused(service_url, tmp_path, name):
     sentinel = tmp_path / "pwned"
     eid = httpx.post(f"{service_url}/episodes", json={"task_id": "multi_turn_base_0"}).json()["episode_id"]
-    content = tool_call(
+    content = format_tool_call(
         name.format(sentinel=sentinel), {"folder": f"__import__('os').system('touch {sentinel}')"}
     )
     reply = httpx.post(f"{service_url}/episodes/{eid}/step", json={"content": content}).json()
@@ -166,10 +163,10 @@ def test_code_in_arguments_is_data(service_url, tmp_path):
     eid = httpx.post(f"{service_url}/episodes", json={"task_id": "multi_turn_base_0"}).json()["episode_id"]
     payload = f"__import__('os').system('touch {sentinel}')"
     reply = httpx.post(
-        f"{service_url}/episodes/{eid}/step", json={"content": tool_call("cd", {"folder": payload})}
+        f"{service_url}/episodes/{eid}/step", json={"content": format_tool_call("cd", {"folder": payload})}
     ).json()
     assert reply["info"]["error_type"] == "tool_error"  # a folder with that odd name does not exist
-    bad_key = tool_call("cd", {f"folder=1); __import__('os').system('touch {sentinel}'); (x": "a"})
+    bad_key = format_tool_call("cd", {f"folder=1); __import__('os').system('touch {sentinel}'); (x": "a"})
     reply = httpx.post(f"{service_url}/episodes/{eid}/step", json={"content": bad_key}).json()
     assert reply["info"]["error_type"] == "parse_error"
     httpx.post(f"{service_url}/episodes/{eid}/step", json={"content": "done"})
@@ -239,7 +236,7 @@ def test_bad_requests_get_json_4xx_and_service_survives(service_url):
         reply = httpx.post(f"{url}/episodes/{eid}/step", json={"content": garbage})
         assert reply.status_code == 200, reply.text
     for _ in range(30):  # run the episode out of steps
-        if httpx.post(f"{url}/episodes/{eid}/step", json={"content": tool_call("pwd", {})}).json()["done"]:
+        if httpx.post(f"{url}/episodes/{eid}/step", json={"content": format_tool_call("pwd", {})}).json()["done"]:
             break
     check(httpx.post(f"{url}/episodes/{eid}/step", json={"content": "x"}), 409, "episode_finished")
     assert httpx.post(f"{url}/episodes/{eid}/evaluate").status_code == 200
@@ -252,7 +249,7 @@ def test_ttl_expiry():
     with running_service(["--ttl", "0.5"]) as (url, _):
         eid = httpx.post(f"{url}/episodes", json={"task_id": "multi_turn_base_0"}).json()["episode_id"]
         assert (
-            httpx.post(f"{url}/episodes/{eid}/step", json={"content": tool_call("pwd", {})}).status_code
+            httpx.post(f"{url}/episodes/{eid}/step", json={"content": format_tool_call("pwd", {})}).status_code
             == 200
         )
         time.sleep(1.5)
@@ -282,7 +279,7 @@ def test_no_leak_over_5000_cycles():
                     eid = (await client.post("/episodes", json={"task_id": ids[i % len(ids)]})).json()[
                         "episode_id"
                     ]
-                    await client.post(f"/episodes/{eid}/step", json={"content": tool_call("ls", {})})
+                    await client.post(f"/episodes/{eid}/step", json={"content": format_tool_call("ls", {})})
                     await client.post(f"/episodes/{eid}/evaluate")
                     assert (await client.delete(f"/episodes/{eid}")).status_code == 204
 

@@ -14,16 +14,12 @@ from env_service.config import EpisodeConfig, StepLimit
 from env_service.episode import Episode, EpisodeStateError
 from env_service.executor import ToolExecutor
 from env_service.interface import parse_interface
-from env_service.parser import parse_tool_calls
+from env_service.parser import format_tool_call, parse_tool_calls
 from env_service.tasks import load_split, load_tasks
 
 TASKS = load_tasks()
 WIDE = EpisodeConfig(step_limit=StepLimit("episode", 200))
 OFFICIAL = EpisodeConfig(step_limit=StepLimit("episode", 200), strict_availability=False)
-
-
-def tool_call(name: str, arguments: dict) -> str:
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
 
 
 def play(task_id: str, turns: list[list[str]], config: EpisodeConfig = WIDE) -> Episode:
@@ -157,15 +153,15 @@ def test_reveal_turn_and_availability():
     observation = reply["observation"]["content"]
     assert "sort" in observation and observation.endswith("What about now?")
     assert "Python 3 syntax" not in observation
-    assert ep.step(tool_call("sort", {"file_name": "x"}))["info"]["error_type"] == "tool_error"
+    assert ep.step(format_tool_call("sort", {"file_name": "x"}))["info"]["error_type"] == "tool_error"
 
 
 def test_held_out_tool_refused_before_reveal_only_when_strict():
     task = TASKS["multi_turn_miss_func_0"]
     strict = Episode("s", task, "train", parse_interface(None), WIDE)
-    assert strict.step(tool_call("sort", {"file_name": "x"}))["info"]["error_type"] == "unavailable_tool"
+    assert strict.step(format_tool_call("sort", {"file_name": "x"}))["info"]["error_type"] == "unavailable_tool"
     official = Episode("o", task, "train", parse_interface(None), OFFICIAL)
-    assert official.step(tool_call("sort", {"file_name": "x"}))["info"]["error_type"] == "tool_error"
+    assert official.step(format_tool_call("sort", {"file_name": "x"}))["info"]["error_type"] == "tool_error"
 
 
 def test_release_reveal_note_switch():
@@ -185,7 +181,7 @@ def test_step_limit(scope, expected_steps):
         parse_interface(None),
         EpisodeConfig(step_limit=StepLimit(scope, 5)),
     )
-    replies = [ep.step(tool_call("pwd", {})) for _ in range(expected_steps)]
+    replies = [ep.step(format_tool_call("pwd", {})) for _ in range(expected_steps)]
     assert replies[-1]["done"] and replies[-1]["info"]["end_reason"] == "step_limit"
     assert replies[-1]["observation"] is None and not any(r["done"] for r in replies[:-1])
     with pytest.raises(EpisodeStateError):
@@ -202,8 +198,8 @@ def test_turn_scope_resets_each_turn():
         EpisodeConfig(step_limit=StepLimit("turn", 3)),
     )
     for _ in range(3):  # 2 calls + a plain reply per turn never hits 3 steps in one turn
-        ep.step(tool_call("pwd", {}))
-        ep.step(tool_call("pwd", {}))
+        ep.step(format_tool_call("pwd", {}))
+        ep.step(format_tool_call("pwd", {}))
         assert not ep.step("ok")["done"]
 
 
@@ -227,42 +223,42 @@ def test_evaluate_once_then_frozen():
         ),
         (
             "multi_turn_base_25",
-            [tool_call("no_such_tool", {})],
+            [format_tool_call("no_such_tool", {})],
             "invalid_tool_call",
             "empty_turn_model_response",
         ),
         (
             "multi_turn_base_25",
-            [tool_call("cat", {"filename": "summary.txt"})],
+            [format_tool_call("cat", {"filename": "summary.txt"})],
             "argument_mismatch",
             "response_mismatch",
         ),
         (
             "multi_turn_base_2",
-            [tool_call("cd", {"folder": "documents"}), tool_call("touch", {"file_name": "X.txt"})],
+            [format_tool_call("cd", {"folder": "documents"}), format_tool_call("touch", {"file_name": "X.txt"})],
             "argument_mismatch",
             "state_mismatch",
         ),
         (
             "multi_turn_base_2",
-            [tool_call("mkdir", {"dir_name": "elsewhere"})],
+            [format_tool_call("mkdir", {"dir_name": "elsewhere"})],
             "state_mismatch",
             "state_mismatch",
         ),
         (
             "multi_turn_base_25",
-            [tool_call("cat", {"file_name": "nope.txt"})],
+            [format_tool_call("cat", {"file_name": "nope.txt"})],
             "recovery_failure",
             "response_mismatch",
         ),
         ("multi_turn_base_25", [], "missing_tool_call", "empty_turn_model_response"),
         (
             "multi_turn_base_100",
-            [tool_call("get_stock_info", {"symbol": "AAPL"})],
+            [format_tool_call("get_stock_info", {"symbol": "AAPL"})],
             "response_mismatch",
             "response_mismatch",
         ),
-        ("multi_turn_base_25", [tool_call("cat", {"file_name": "summary.txt"})], "pass", "pass"),
+        ("multi_turn_base_25", [format_tool_call("cat", {"file_name": "summary.txt"})], "pass", "pass"),
     ],
 )
 def test_paper_labels_reachable(task_id, turn0, label, tag):
@@ -274,8 +270,8 @@ def test_paper_labels_reachable(task_id, turn0, label, tag):
 
 def test_spurious_call_on_abstention_turn():
     gt = TASKS["multi_turn_miss_func_0"].gt_calls
-    turns = [[tool_call(c.name, c.arguments) for c in turn] for turn in gt]
-    turns[2] = [tool_call("ls", {})]  # turn 2 has an empty ground truth: the model should abstain
+    turns = [[format_tool_call(c.name, c.arguments) for c in turn] for turn in gt]
+    turns[2] = [format_tool_call("ls", {})]  # turn 2 has an empty ground truth: the model should abstain
     result = play("multi_turn_miss_func_0", turns).evaluate()
     assert result["failure_tags"][2] == "spurious_tool_call"
     assert result["paper_labels"][2] == "invalid_tool_call"
@@ -288,7 +284,7 @@ def test_progress_and_unreached_turns():
     gt = TASKS["multi_turn_base_0"].gt_calls
     ep = Episode("p", TASKS["multi_turn_base_0"], "train", parse_interface(None), WIDE)
     for call in gt[0]:
-        ep.step(tool_call(call.name, call.arguments))
+        ep.step(format_tool_call(call.name, call.arguments))
     ep.step("done")
     result = ep.evaluate()  # evaluated after turn 0 of 4: force-terminated by BFCL's rule
     assert result["accuracy"] == 0.0 and result["official"]["error_type"] == "multi_turn:force_terminated"
@@ -356,9 +352,9 @@ def test_verdict_parity_with_bfcl_checker_on_perturbed_trajectories():
         # one call per step, or all of a turn's calls in one parallel message
         parallel = rng.random() < 0.3
         messages = [
-            ([("".join(tool_call(c["name"], c["arguments"]) for c in t))] if t else [])
+            ([("".join(format_tool_call(c["name"], c["arguments"]) for c in t))] if t else [])
             if parallel
-            else [tool_call(c["name"], c["arguments"]) for c in t]
+            else [format_tool_call(c["name"], c["arguments"]) for c in t]
             for t in turns
         ]
         result = play(task.id, messages, OFFICIAL).evaluate()

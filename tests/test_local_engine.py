@@ -118,7 +118,7 @@ class ScriptedPolicy:
     consecutive seeds, so every GRPO group of 2 holds one success and one failure."""
 
     def __init__(self, tok):
-        from env_service.tasks import ground_truth_tool_calls
+        from env_service.tasks import ground_truth_replies
 
         frame = pd.read_parquet(TRAIN)
         ids = frame.extra_info.map(lambda e: e["task_id"])
@@ -127,11 +127,8 @@ class ScriptedPolicy:
         assert len(set(self.questions.values())) == len(TASKS)
         self.scripts = {}
         for task in TASKS:
-            texts = []
-            for turn in ground_truth_tool_calls(task):
-                texts += [f"<tool_call>\n{json.dumps(c)}\n</tool_call>" for c in turn]
-                texts.append("Done.")
-            self.scripts[task] = [tok.encode(t, add_special_tokens=False) + [EOS_TOKEN_ID] for t in texts]
+            self.scripts[task] = [tok.encode(t, add_special_tokens=False) + [EOS_TOKEN_ID]
+                                  for t in ground_truth_replies(task)]
         self.fail = tok.encode("Sorry, I cannot do that.", add_special_tokens=False) + [EOS_TOKEN_ID]
 
     async def __call__(self, prompt_ids, params):

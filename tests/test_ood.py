@@ -8,9 +8,10 @@ import math
 
 import pytest
 
+from env_service.parser import format_tool_call
 from seal import evaluate as ev
 from seal import ood
-from seal.policies import Policy, parse_policy, tool_call_text
+from seal.policies import Policy, parse_policy
 from seal.tables import ood_estimates, read_summary
 
 
@@ -106,9 +107,9 @@ def test_runner_rules_force_quit_and_last_message(tmp_path):
     """More than 20 steps in a turn force-quits (no final answer: invalid); the answer is the last non-call reply."""
 
     async def looping(messages):
-        return tool_call_text("memory_retrieve", {})
+        return format_tool_call("memory_retrieve", {})
 
-    replies = iter(["no calls here, but wrong", tool_call_text("memory_retrieve", {}), "{'answer': 'Michael'}"])
+    replies = iter(["no calls here, but wrong", format_tool_call("memory_retrieve", {}), "{'answer': 'Michael'}"])
 
     async def answer_then_call(messages):
         return next(replies)
@@ -157,7 +158,7 @@ def test_web_search_loop_with_a_stub_backend(tmp_path):
     def searching_agent(task_id):
         async def agent(messages):
             if messages[-1]["role"] != "user" or "<tool_response>" not in messages[-1]["content"]:
-                return tool_call_text("search_engine_query", {"keywords": task_id})
+                return format_tool_call("search_engine_query", {"keywords": task_id})
             body = json.loads(messages[-1]["content"].split("\n")[1])[0]["body"]
             return str({"answer": body.removeprefix("The answer is ").rstrip("."), "context": "search"})
         return agent

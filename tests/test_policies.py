@@ -15,17 +15,9 @@ from fastapi.responses import JSONResponse
 
 from env_service.parser import parse_tool_calls
 from env_service.process import free_port
-from env_service.tasks import ground_truth_tool_calls, load_tasks
+from env_service.tasks import TURN_END_REPLY, ground_truth_replies, ground_truth_tool_calls, load_tasks
 from seal import evaluate as ev
-from seal.policies import (
-    TURN_END_REPLY,
-    ContextLimitReached,
-    OpenAIChat,
-    PolicyError,
-    PolicyOptions,
-    ground_truth_script,
-    parse_policy,
-)
+from seal.policies import ContextLimitReached, OpenAIChat, PolicyError, PolicyOptions, parse_policy
 
 # --- specs and self-check scripts ----------------------------------------------------------------------
 
@@ -56,7 +48,7 @@ def test_vllm_policy_explains_a_missing_vllm():
 
 def test_ground_truth_script_replays_calls_one_per_step():
     task_id = "multi_turn_long_context_38"
-    script = ground_truth_script(task_id)
+    script = ground_truth_replies(task_id)
     gt = ground_truth_tool_calls(task_id)
     assert len(script) == sum(len(turn) + 1 for turn in gt) == 37
     replayed, turn = [[]], 0
@@ -151,9 +143,9 @@ def test_openai_policy_drives_tasks_with_tool_calls_and_malformed_replies(servic
     scripts = {
         # A malformed tool call first (the service rejects it, the turn goes on), then the ground truth.
         tasks[a].questions[0]: ['<tool_call>\n{"name": "ls", "arguments": oops}\n</tool_call>',
-                                *ground_truth_script(a)],
+                                *ground_truth_replies(a)],
         # The first call comes back as a structured tool call (servers with a tool parser), the rest as text.
-        tasks[b].questions[0]: [STRUCTURED + json.dumps(first_call), *ground_truth_script(b)[1:]],
+        tasks[b].questions[0]: [STRUCTURED + json.dumps(first_call), *ground_truth_replies(b)[1:]],
         # A reply that is not a chat completion: the task is recorded as an error.
         tasks[c].questions[0]: [MALFORMED_BODY],
         # The server refuses the conversation as too long: the episode stops and is graded.
@@ -167,7 +159,7 @@ def test_openai_policy_drives_tasks_with_tool_calls_and_malformed_replies(servic
     records = {r["task_id"]: r for r in map(json.loads, (tmp_path / "results.jsonl").read_text().splitlines())}
 
     assert records[a]["accuracy"] == 1 and records[a]["error"] is None
-    assert records[a]["num_model_calls"] == len(ground_truth_script(a)) + 1
+    assert records[a]["num_model_calls"] == len(ground_truth_replies(a)) + 1
     assert records[a]["messages"][3]["content"].startswith("[ERROR] Tool call rejected")
 
     assert records[b]["accuracy"] == 1 and records[b]["error"] is None

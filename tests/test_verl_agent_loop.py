@@ -9,7 +9,6 @@ A-Patch through the controller) runs on the `DataProto` the worker produced.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import uuid
 from collections import defaultdict
@@ -33,6 +32,7 @@ from seal.tokenizer import EOS_TOKEN_ID, build_qwen_tokenizer  # noqa: E402
 from seal.verl_agent_loop import FEED_KEY, EpisodeFeed, close_loop_resources, rollout_to_output  # noqa: E402
 from seal.verl_config import AGENT_LOOP_NAME, to_verl_config  # noqa: E402
 from seal.verl_trainer import seal_advantages  # noqa: E402
+from tests.helpers import sampled_spans  # noqa: E402
 
 # Short train tasks (4-5 model calls with the ground truth), two categories, distinct first questions.
 TASKS = ["multi_turn_base_100", "multi_turn_miss_param_177"]
@@ -52,18 +52,13 @@ class ScriptedServer:
     """
 
     def __init__(self, tok, tasks):
-        from env_service.tasks import ground_truth_tool_calls, load_tasks
+        from env_service.tasks import ground_truth_replies, load_tasks
 
         self.tok = tok
         all_tasks = load_tasks()
         self.questions = {t: all_tasks[t].questions[0][:80] for t in tasks}
-        self.scripts = {}
-        for t in tasks:
-            texts = []
-            for turn in ground_truth_tool_calls(t):
-                texts += [f"<tool_call>\n{json.dumps(c)}\n</tool_call>" for c in turn]
-                texts.append("Done.")
-            self.scripts[t] = [tok.encode(x, add_special_tokens=False) + [EOS_TOKEN_ID] for x in texts]
+        self.scripts = {t: [tok.encode(x, add_special_tokens=False) + [EOS_TOKEN_ID] for x in ground_truth_replies(t)]
+                        for t in tasks}
         # Refusals name their task, so every episode's sampled tokens are distinct.
         self.refusals = {t: tok.encode(f"I cannot do {t}.", add_special_tokens=False) + [EOS_TOKEN_ID]
                          for t in tasks}
@@ -99,17 +94,6 @@ def objects(values):
     out = np.empty(len(values), dtype=object)
     out[:] = values
     return out
-
-
-def spans(values, mask):
-    out, cur = [], []
-    for v, m in zip(values, mask, strict=True):
-        if m:
-            cur.append(v)
-        elif cur:
-            out.append(cur)
-            cur = []
-    return out + ([cur] if cur else [])
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +166,7 @@ def test_worker_outputs_are_token_exact_and_carry_the_diagnosis(worker_run, tok)
         ids = b["responses"][i, :resp_len].tolist()
         mask = b["response_mask"][i, :resp_len].tolist()
         assert b["response_mask"][i, resp_len:].sum() == 0
-        sampled = spans(ids, mask)
+        sampled = sampled_spans(ids, mask)
         # The sampled spans are exactly the tokens one scripted episode produced, in order.
         match = [rid for rid in unmatched if server.produced[rid] == sampled]
         assert len(match) == 1, f"row {i}: sampled spans match {len(match)} episodes"
