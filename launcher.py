@@ -3,14 +3,14 @@
     python launcher.py --conf exp/SEAL.yaml [key=value ...] [--dry-run]
     python launcher.py                       # the embedded default, exp/tiny_cpu.yaml (CPU, minutes)
 
-1. Composes and validates the recipe (`seal.config.load_config`); `--dry-run` prints it and exits.
+1. Composes and validates the recipe (`seal.recipe.load_config`); `--dry-run` prints it and exits.
 2. `engine: verl` needs GPUs: without CUDA it stops at once and points to `exp/tiny_cpu.yaml`.
 3. Writes the resolved config to `<run_root>/<experiment_name>/config.yaml`.
 4. Starts the env service (`python -m env_service` with the recipe's step limit and availability
    flags) on the first `env.urls` port when nothing answers there and `env.start_service` is on;
    it is stopped when the launcher exits, also on Ctrl-C, SIGTERM or an error. Its log goes to
    `<run dir>/env_service.log`.
-5. Runs the engine: `seal.local_engine.train(cfg, run_dir)` or `seal.verl_engine.train(cfg, run_dir)`.
+5. Runs the engine: `seal.engines.local.engine.train(cfg, run_dir)` or `seal.engines.verl.launch.train(cfg, run_dir)`.
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 REPO = Path(__file__).resolve().parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 from env_service.process import ServiceStartError, healthy, running_service  # noqa: E402
 
@@ -69,8 +67,8 @@ def _raise_on_sigterm(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from seal.config import ConfigError, env_service_args, load_config, run_dir, save_config
     from seal.logging_utils import setup_console_logging
+    from seal.recipe import ConfigError, env_service_args, load_config, run_dir, save_config
 
     setup_console_logging(args.log_level)
     try:
@@ -110,9 +108,9 @@ def main(argv: list[str] | None = None) -> int:
                 if not healthy(str(url)):
                     log.warning("env replica %s does not answer; the client will retry and fail over", url)
             if cfg.engine == "local":
-                from seal.local_engine import train
+                from seal.engines.local.engine import train
             else:
-                from seal.verl_engine import train  # written for GPU machines; imported only here
+                from seal.engines.verl.launch import train  # written for GPU machines; imported only here
             result = train(cfg, out)
             log.info("done: %s", result)
             return 0

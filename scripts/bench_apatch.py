@@ -11,21 +11,17 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 from verl import DataProto
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
-
 from env_service.vocab import VOCABULARIES
-from seal.apatch import APatchConfig, apply_apatch
-from seal.capability import CapabilityState, TrajectoryRecord
-from seal.evolve import EvolveConfig, evolve, initial_interface
-from seal.profile import failure_profile
+from seal.core.apatch import APatchConfig, apply_apatch
+from seal.core.capability import CapabilityState, TrajectoryRecord
+from seal.core.evolve import EvolveConfig, evolve, initial_interface
+from seal.core.profile import failure_profile
 
 BUDGET_MS = 5.0
 

@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import json
 import statistics
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -23,7 +22,6 @@ import aiohttp
 import httpx
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 from env_service.process import running_service  # noqa: E402
 from env_service.tasks import ground_truth_replies, split_ids  # noqa: E402

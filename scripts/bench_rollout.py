@@ -27,15 +27,14 @@ from contextlib import ExitStack
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 os.environ.setdefault("BFCL_PROJECT_ROOT", os.path.join(tempfile.gettempdir(), "seal_bfcl_root"))
 
 import psutil  # noqa: E402
 
-from seal.agent_loop import ChatCodec, run_episode  # noqa: E402
-from seal.client import EnvClient  # noqa: E402
-from seal.rollout import Generation, RolloutLimits, SamplingParams  # noqa: E402
-from seal.tokenizer import EOS_TOKEN_ID, build_qwen_tokenizer  # noqa: E402
+from seal.rollout.client import EnvClient  # noqa: E402
+from seal.rollout.codec import EOS_TOKEN_ID, build_qwen_tokenizer  # noqa: E402
+from seal.rollout.episode import ChatCodec, run_episode  # noqa: E402
+from seal.rollout.types import Generation, RolloutLimits, SamplingParams  # noqa: E402
 
 
 def replay_outputs(codec: ChatCodec, task_id: str) -> list[list[int]]:

@@ -14,11 +14,8 @@ import argparse
 import sys
 from pathlib import Path
 
-# Runnable as `python scripts/failure_report.py` without an installed package (as scripts/prepare_data.py).
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from seal import failure_report
-from seal.io_utils import write_text_or_stdout  # noqa: E402
+from seal.io_utils import write_text_or_stdout
+from seal.report import failure_report
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,11 +24,8 @@ from pathlib import Path
 
 import yaml
 
-# Runnable as `python scripts/make_tables.py` without an installed package (as scripts/prepare_data.py).
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from seal import tables
-from seal.io_utils import write_text_or_stdout  # noqa: E402
+from seal.io_utils import write_text_or_stdout
+from seal.report import tables
 
 
 def main(argv: list[str] | None = None) -> int:

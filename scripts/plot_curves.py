@@ -13,11 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
-# Runnable as `python scripts/plot_curves.py` without an installed package (as scripts/prepare_data.py).
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from seal import plots
-from seal.tables import parse_assignment
+from seal.report import plots
+from seal.report.tables import parse_assignment
 
 FIGURE3 = "figure3_val_accuracy.png"
 FAILURE_PROFILE = "failure_profile.png"

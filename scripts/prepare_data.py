@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 from env_service.tasks import load_tasks  # noqa: E402
 from env_service.vocab import CATEGORIES, category_of  # noqa: E402

@@ -43,8 +43,8 @@ curl -sf "http://127.0.0.1:$PORT/healthz" >/dev/null || { echo "smoke: env servi
 train() {  # $1 = total training steps, $2 = trainer.resume
   python - "$1" "$2" <<EOF
 import sys
-from seal.config import load_config
-from seal.verl_engine import train
+from seal.recipe import load_config
+from seal.engines.verl.launch import train
 steps, resume = sys.argv[1], sys.argv[2]
 cfg = load_config("exp/SEAL.yaml", [
     "experiment_name=verl_smoke", "run_root=$RUN_ROOT", "model.path=$MODEL",

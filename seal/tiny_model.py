@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from seal.tokenizer import (
+from seal.rollout.codec import (
     EOS_TOKEN_ID,
     PAD_TOKEN_ID,
     QWEN25_MODEL_VOCAB_SIZE,

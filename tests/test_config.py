@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from seal import config as C
-from seal.controller import SealController
+from seal import recipe as C
+from seal.core.controller import SealController
 
 EXP = Path(__file__).resolve().parent.parent / "exp"
 RECIPES = sorted(p for p in EXP.glob("*.yaml") if p.stem != "defaults")

@@ -1,0 +1,248 @@
+"""`SealController`: the one place where the SEAL method runs, once per training step, in both engines.
+
+One training step, in order (docs/seal_core.md; both engines, `seal.engines.local` and `seal.engines.verl`, do this)::
+
+    omega    = controller.interface("train")        # Ω_t sent with this step's training episodes
+    rollouts = <run the episodes; reward = controller.reward_fn(evaluate reply)>
+    m  = controller.observe(rollouts, step)         # C_t: capability state over non-excluded rollouts
+    data = <DataProto + GRPO advantages>
+    m |= controller.reweight(data, step)            # dynamic weights (once per step) + A-Patch
+    <actor update>
+    m |= controller.evolve(step)                    # Ω_{t+1} = evolve(Ω_t, C_t)  (or Ω_0 kept)
+    at epoch end: controller.end_epoch()            # new capability window
+    validation:   controller.validation_metrics(val_rollouts)
+    checkpoint:   controller.save(ckpt_dir)  ->  ckpt_dir/seal_state.json
+
+Validation episodes never get an interface (`interface("val")` is None; the service refuses one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from env_service.vocab import CATEGORIES, category_of
+from seal import recipe as C
+from seal.core.apatch import apply_apatch
+from seal.core.capability import CapabilityState, TrajectoryRecord
+from seal.core.evolve import evolve, initial_interface, interface_metrics, validate_interface
+from seal.core.reward import compute_reward
+from seal.core.weights import reply_field
+from seal.io_utils import write_json_atomic
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+    from verl import DataProto
+
+STATE_FILE = "seal_state.json"
+STATE_FORMAT = 1
+
+
+def _field(item: Any, name: str, default: Any = None) -> Any:
+    """`item.name` for a `Rollout`, `item[name]` for an extras mapping (the verl engine's rows)."""
+    if isinstance(item, Mapping):
+        return item.get(name, default)
+    return getattr(item, name, default)
+
+
+def _category(item: Any) -> str:
+    return _field(item, "category") or category_of(str(_field(item, "task_id")))
+
+
+class SealController:
+    """SEAL's per-step logic over a composed recipe (`seal.recipe.load_config`).
+
+    Args:
+        cfg: the resolved run config.
+        run_id: identity of the run; `load` refuses the state of another run unless forced. None =
+            a fresh id, replaced by the checkpoint's id when a checkpoint is loaded into a controller
+            that has not trained yet (resume).
+    """
+
+    def __init__(self, cfg: DictConfig, run_id: str | None = None) -> None:
+        self.vocabulary = C.vocabulary(cfg)
+        self.apatch_cfg = C.apatch_config(cfg)
+        self.dynamic_cfg = C.dynamic_weight_config(cfg)
+        self.evolve_cfg = C.evolve_config(cfg)
+        self.reward_cfg = C.reward_config(cfg)
+        self.interface_enabled = C.interface_enabled(cfg)
+        self.closed_loop = C.interface_closed_loop(cfg)
+        self._fresh_id = run_id is None
+        self.run_id = run_id if run_id is not None else uuid.uuid4().hex
+        self.state = CapabilityState(self.vocabulary, base_weights=self.apatch_cfg.static_weights(),
+                                     config=self.dynamic_cfg, run_id=self.run_id)
+        self.omega: dict[str, Any] = initial_interface(self.evolve_cfg)
+        self.training_progress = 0.0  # fraction of training done, for reward modes with a decaying cap
+        self.weights_step: int | None = None  # step whose dynamic-weight update already ran
+        self.last_step: int | None = None
+        self._tags_field = reply_field(self.vocabulary)
+
+    # ------------------------------------------------------------------ episodes
+    def interface(self, mode: str = "train") -> dict[str, Any] | None:
+        """Ω_t for a training episode; None (raw interface) for validation or when the recipe has none."""
+        if mode not in ("train", "val", "eval"):
+            raise ValueError(f"mode must be 'train' or 'val', got {mode!r}")
+        if mode != "train" or not self.interface_enabled:
+            return None
+        return json.loads(json.dumps(self.omega))  # a copy the caller may keep
+
+    def set_training_progress(self, step: int, total_steps: int) -> None:
+        """Record how far training is (reward `cap_decay`); call before the step's rollouts."""
+        self.training_progress = min(max(step / max(total_steps, 1), 0.0), 1.0)
+
+    def reward_fn(self, eval_result: Mapping[str, Any]) -> float:
+        """Training reward of one episode from its `evaluate` reply (`seal.reward`, paper: the 0/1 verdict)."""
+        return compute_reward(eval_result, self.reward_cfg, self.training_progress)
+
+    # ------------------------------------------------------------------ one step
+    def observe(self, rollouts: Iterable[Any], step: int) -> dict[str, float]:
+        """Feed the step's non-excluded training rollouts into the capability state.
+
+        `rollouts` are `seal.rollout.types.Rollout`s or mappings with the same fields (`task_id`,
+        `category`, `failure_tags`, `paper_labels`, `reward`, `accuracy`, `excluded`).
+        Returns `train/reward_mean`, `train/accuracy_mean`, `train/excluded`, `train/num_rollouts`
+        and `train/tag_frac/<tag>` (share of the step's turn tags, configured vocabulary).
+        """
+        items = list(rollouts)
+        kept = [r for r in items if not _field(r, "excluded", False)]
+        records = []
+        tag_counts: Counter[str] = Counter()
+        for r in kept:
+            tags = list(_field(r, self._tags_field) or ())
+            accuracy = _field(r, "accuracy")
+            reward = float(_field(r, "reward", 0.0))
+            success = (float(accuracy) >= 1.0) if accuracy is not None else reward >= 1.0
+            records.append(TrajectoryRecord(task_id=str(_field(r, "task_id")), tags=tuple(tags), reward=reward,
+                                            success=success, category=_category(r)))
+            tag_counts.update(tags)
+        self.state.observe(records, step=step)
+        self.last_step = step
+        n = len(records)
+        metrics = {
+            "train/num_rollouts": float(len(items)),
+            "train/excluded": float(len(items) - n),
+            "train/reward_mean": sum(r.reward for r in records) / n if n else 0.0,
+            "train/accuracy_mean": sum(1.0 for r in records if r.success) / n if n else 0.0,
+        }
+        total = sum(tag_counts.values())
+        for tag, count in sorted(tag_counts.items()):
+            metrics[f"train/tag_frac/{tag}"] = count / total
+        return metrics
+
+    def update_weights(self, step: int) -> dict[str, float]:
+        """The dynamic A-Patch weights for `step`: one EMA update per step, after `observe`."""
+        if self.weights_step != step:
+            self.state.update_dynamic_weights()
+            self.weights_step = step
+        return self.state.dynamic_weights
+
+    def reweight(self, data: DataProto, step: int) -> dict[str, float]:
+        """A-Patch on `data.batch["advantages"]` (in place), after GRPO and before the actor update.
+
+        With `seal.capability.enable` the weights are the capability state's dynamic weights (updated
+        once per step); otherwise the static table. A disabled A-Patch leaves the advantages alone and
+        does not move the weights (release: the update lives inside A-Patch).
+        """
+        if not self.apatch_cfg.enable:
+            return {"apatch/enabled": 0.0}
+        weights = self.update_weights(step)
+        metrics = apply_apatch(data, weights, self.apatch_cfg, step)
+        metrics["apatch/dynamic_enabled"] = float(self.dynamic_cfg.enable)
+        return metrics
+
+    def evolve(self, step: int) -> dict[str, float]:
+        """Ω_{t+1} from Ω_t and C_t (closed loop), or Ω_0 kept; returns `interface/*` + `capability/*`."""
+        if self.interface_enabled and self.closed_loop:
+            self.omega = evolve(self.omega, self.state.profile("window"), self.evolve_cfg)
+        metrics = {"interface/enabled": float(self.interface_enabled),
+                   "interface/closed_loop": float(self.interface_enabled and self.closed_loop)}
+        if self.interface_enabled:
+            metrics |= interface_metrics(self.omega)
+        metrics |= self.state.metrics()
+        return metrics
+
+    def end_epoch(self) -> None:
+        """A new capability window (release: windows reset at epoch end)."""
+        self.state.reset_window()
+
+    # ------------------------------------------------------------------ validation
+    @staticmethod
+    def validation_metrics(rollouts: Iterable[Any]) -> dict[str, float]:
+        """`val/accuracy/<category>`, `val/count/<category>`, `val/accuracy/average` (mean of the
+        category means, as the paper's Average column), `val/excluded`.
+
+        An excluded validation episode counts as a failure (accuracy 0) so each category keeps its
+        full denominator; `val/excluded` says how many there were.
+        """
+        sums: dict[str, float] = defaultdict(float)
+        counts: dict[str, int] = defaultdict(int)
+        excluded = 0
+        for r in rollouts:
+            cat = _category(r)
+            counts[cat] += 1
+            if _field(r, "excluded", False):
+                excluded += 1
+                continue
+            accuracy = _field(r, "accuracy")
+            sums[cat] += float(accuracy) if accuracy is not None else 0.0
+        metrics: dict[str, float] = {}
+        order = [c for c in CATEGORIES if c in counts] + sorted(c for c in counts if c not in CATEGORIES)
+        for cat in order:
+            metrics[f"val/accuracy/{cat}"] = sums[cat] / counts[cat]
+            metrics[f"val/count/{cat}"] = float(counts[cat])
+        means = [metrics[f"val/accuracy/{c}"] for c in order]
+        metrics["val/accuracy/average"] = sum(means) / len(means) if means else 0.0
+        metrics["val/excluded"] = float(excluded)
+        return metrics
+
+    # ------------------------------------------------------------------ persistence
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "format": STATE_FORMAT,
+            "run_id": self.run_id,
+            "vocabulary": self.vocabulary,
+            "omega": json.loads(json.dumps(self.omega)),
+            "training_progress": self.training_progress,
+            "weights_step": self.weights_step,
+            "last_step": self.last_step,
+            "capability": self.state.state_dict(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any], force: bool = False) -> None:
+        """Restore from `state_dict()`. A controller that was built without a run id and has not
+        observed anything adopts the checkpoint's id (resume); otherwise the ids must match unless
+        `force`. Another vocabulary always raises."""
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(f"seal state format {state.get('format')!r}, expected {STATE_FORMAT}")
+        if state.get("vocabulary") != self.vocabulary:
+            raise ValueError(f"seal state is for vocabulary {state.get('vocabulary')!r}, "
+                             f"this run uses {self.vocabulary!r}")
+        stored = state.get("run_id")
+        if self._fresh_id and self.state.observe_count == 0 and stored:
+            self.run_id = stored
+            self.state.run_id = stored
+        self.state.load_state_dict(state["capability"], force=force)
+        omega = dict(state["omega"])
+        validate_interface(omega)
+        self.omega = omega
+        self.training_progress = float(state.get("training_progress", 0.0))
+        self.weights_step = state.get("weights_step")
+        self.last_step = state.get("last_step")
+        self._fresh_id = False
+
+    def save(self, directory: str | os.PathLike[str]) -> Path:
+        """Write `<directory>/seal_state.json` atomically."""
+        return write_json_atomic(Path(directory) / STATE_FILE, self.state_dict())
+
+    def load(self, directory: str | os.PathLike[str], force: bool = False) -> None:
+        """Restore from `<directory>/seal_state.json` (a checkpoint directory)."""
+        path = Path(directory) / STATE_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"no {STATE_FILE} in {directory}")
+        with open(path, encoding="utf-8") as fh:
+            self.load_state_dict(json.load(fh), force=force)

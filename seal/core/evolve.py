@@ -1,0 +1,278 @@
+"""Interface evolution: Ω_{t+1} = Evolve(Ω_t, C_t) (paper §Method, "Interface evolution").
+
+The trainer calls ``evolve`` once per training step, after the capability state has observed the
+step's rollouts, and sends the result with the next *training* episodes. Evaluation episodes never
+get an interface (the env service refuses one), so ``evolve`` is never asked for them.
+
+An interface is the plain JSON of ARCHITECTURE.md::
+
+    {"version": int,
+     "schema": {"required": bool, "enum": bool, "types": bool, "hide_optional": bool},
+     "error_feedback": bool,
+     "cues": [{"tag": str, "text": str}]}
+
+* φ_schema — static switches from the config (release SEAL: required + enum hints on, reference §2.8).
+* φ_err — ``off``, ``on``, or ``adaptive``: on while the tags that error feedback can help with
+  (``ERROR_FEEDBACK_TAGS``) are prevalent in C_t.
+* φ_cap — up to ``max_cues`` cue lines for the tags under the most pressure (prevalence ·
+  (1 − reward_mean)), subject to the release's thresholds (reference §2.10).
+
+Both adaptive parts use hysteresis so the interface does not flap from step to step: a cue (or
+error feedback) *enters* when the thresholds are met and *stays* until the profile falls clearly
+below them (every threshold relaxed by the factor ``hysteresis``); incumbents also rank with their
+pressure multiplied by ``1 + hysteresis`` against newcomers. The incumbent set is read from Ω_t
+itself, so ``evolve`` stays a pure function. ``version`` increases only when the content changes.
+
+Cue texts are ours; they describe behaviour only — no tool names, argument values or reference
+trajectories (the interface must never leak the correct tool or hidden parameters).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from env_service import vocab
+from env_service.interface import MAX_CUE_TEXT_CHARS, MAX_CUES
+from seal.core.config_parsing import apply_release_zero_fallback, config_from_mapping
+from seal.core.profile import FailureProfile
+from seal.core.weights import UNKNOWN_TAG, check_vocabulary, known_tags
+
+ERROR_FEEDBACK_MODES = ("off", "on", "adaptive")
+
+# Tags whose turns error feedback can help recover (ours).
+# paper: the three labels the paper ties to parse/schema/execution errors.
+# progress: the release's tags have no error label; a malformed or unavailable call is rejected, so
+# the turn ends without an accepted call (empty_turn_model_response), and a call to a held-out or
+# absent tool on a turn that needs none is a spurious_tool_call. Both are what φ_err's messages address.
+ERROR_FEEDBACK_TAGS: dict[str, tuple[str, ...]] = {
+    "paper": (vocab.INVALID_TOOL_CALL, vocab.ARGUMENT_MISMATCH, vocab.RECOVERY_FAILURE),
+    "progress": (vocab.EMPTY_TURN, vocab.SPURIOUS_TOOL_CALL),
+}
+
+# Our cue lines, one per failure tag of both vocabularies (shared tags share a line).
+CUE_TEXTS: dict[str, str] = {
+    vocab.SPURIOUS_TOOL_CALL: (
+        "Call a tool only when one of the listed tools really fits the request; if none does, "
+        "say so in plain words instead of making up a call."
+    ),
+    vocab.EMPTY_TURN: (
+        "If a listed tool can do what the user asked, make the call in this turn; "
+        "describing the action in text does not carry it out."
+    ),
+    vocab.INSTANCE_MISMATCH: (
+        "Work with the service the request is about; leave the tools of other services alone "
+        "unless the request needs them."
+    ),
+    vocab.STATE_MISMATCH: (
+        "Before a call that changes something, check the latest tool outputs and make sure "
+        "your arguments fit the current state."
+    ),
+    vocab.RESPONSE_MISMATCH: (
+        "When the user asks for information, fetch it with a tool call in this turn instead of "
+        "answering from memory or from older results."
+    ),
+    vocab.INVALID_TOOL_CALL: (
+        "Write each tool call as one well-formed JSON object that names a tool from the current "
+        "list; calls to unlisted tools are rejected."
+    ),
+    vocab.ARGUMENT_MISMATCH: (
+        "Give every required argument, with the documented type, and copy allowed values exactly "
+        "as the tool description spells them."
+    ),
+    vocab.RECOVERY_FAILURE: (
+        "When a tool reports an error, read it, fix the cause and retry, rather than repeating "
+        "the same call or moving on."
+    ),
+    vocab.MISSING_TOOL_CALL: (
+        "Do not answer before every step the request needs has been done with the tools; "
+        "a task that needs several calls needs all of them."
+    ),
+}
+
+# Tags that never get a cue: successes, harness errors, missing diagnoses.
+NON_CUE_TAGS: frozenset[str] = vocab.SUCCESS_TAGS | vocab.EXCLUDED_TAGS | {UNKNOWN_TAG}
+
+
+@dataclass(frozen=True)
+class EvolveConfig:
+    """Interface-evolution knobs. Source of each default in brackets."""
+
+    vocabulary: str = "progress"  # [ours] which tags C_t holds ("progress" | "paper")
+    # φ_schema switches [release observation_lite, SEAL recipe]
+    schema_required: bool = True
+    schema_enum: bool = True
+    schema_types: bool = False
+    schema_hide_optional: bool = False
+    # φ_err [ours; the release implements it but leaves it off = "off"]
+    error_feedback: str = "adaptive"
+    error_tags: tuple[str, ...] | None = None  # [ours] None = ERROR_FEEDBACK_TAGS[vocabulary]
+    error_threshold: float = 0.10  # [ours] combined prevalence of error_tags to switch φ_err on
+    error_min_count: int = 8  # [ours] combined occurrences needed
+    # φ_cap [release diagnostic_evolution defaults, reference §2.10; off in the release recipe]
+    cues: bool = True
+    prevalence_threshold: float = 0.10
+    reward_threshold: float = 0.6  # a tag needs reward_mean < this
+    min_tag_count: int = 8
+    max_cues: int = 3
+    cue_texts: dict[str, str | None] = field(default_factory=dict)  # [release `guidelines`] None removes
+    hysteresis: float = 0.25  # [ours] relative margin for leaving, and incumbents' ranking bonus
+    # [release bug, off] `value or default` parsing of the thresholds (0 becomes the default).
+    release_zero_fallback: bool = False
+
+    RELEASE_OR_DEFAULT_FIELDS = ("prevalence_threshold", "reward_threshold", "min_tag_count", "max_cues")
+
+    def __post_init__(self) -> None:
+        if self.release_zero_fallback:
+            apply_release_zero_fallback(self, self.RELEASE_OR_DEFAULT_FIELDS)
+        check_vocabulary(self.vocabulary)
+        if self.error_feedback not in ERROR_FEEDBACK_MODES:
+            raise ValueError(f"error_feedback must be one of {ERROR_FEEDBACK_MODES}, got {self.error_feedback!r}")
+        for name in ("error_threshold", "prevalence_threshold", "reward_threshold", "hysteresis"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+                raise ValueError(f"evolve.{name} must lie in [0, 1], got {value}")
+        for name in ("error_min_count", "min_tag_count", "max_cues"):
+            value = getattr(self, name)
+            if int(value) != value or value < 0:
+                raise ValueError(f"evolve.{name} must be a non-negative integer, got {value}")
+        if self.max_cues > MAX_CUES:
+            raise ValueError(f"evolve.max_cues must be <= {MAX_CUES} (the env service's limit), got {self.max_cues}")
+        if self.error_tags is not None:
+            object.__setattr__(self, "error_tags", tuple(self.error_tags))
+            unknown = sorted(set(self.error_tags) - known_tags(self.vocabulary))
+            if unknown:
+                raise ValueError(f"evolve.error_tags: {unknown} are not tags of the {self.vocabulary!r} vocabulary")
+        overrides = dict(self.cue_texts or {})
+        bad = sorted(
+            k for k, v in overrides.items()
+            if k in NON_CUE_TAGS
+            or not (v is None or (isinstance(v, str) and "\n" not in v and len(v.strip()) <= MAX_CUE_TEXT_CHARS))
+        )
+        if bad:
+            raise ValueError(
+                f"evolve.cue_texts: invalid entries {bad} (failure tags only; one line of at most "
+                f"{MAX_CUE_TEXT_CHARS} characters, or null)"
+            )
+        object.__setattr__(self, "cue_texts", overrides)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> EvolveConfig:
+        """Build from a mapping (dict / OmegaConf). Unknown keys raise; explicit zeros stay zeros."""
+        return config_from_mapping(cls, data)
+
+    def texts(self) -> dict[str, str]:
+        """Cue text per tag after overrides (a ``None`` override removes the tag's cue)."""
+        merged: dict[str, str | None] = {**CUE_TEXTS, **self.cue_texts}
+        return {tag: text for tag, text in merged.items() if text}
+
+    def feedback_tags(self) -> tuple[str, ...]:
+        return self.error_tags if self.error_tags is not None else ERROR_FEEDBACK_TAGS[self.vocabulary]
+
+
+def _schema(cfg: EvolveConfig) -> dict[str, bool]:
+    return {
+        "required": cfg.schema_required,
+        "enum": cfg.schema_enum,
+        "types": cfg.schema_types,
+        "hide_optional": cfg.schema_hide_optional,
+    }
+
+
+def initial_interface(cfg: EvolveConfig) -> dict[str, Any]:
+    """Ω_0: the schema switches, error feedback only when fixed ``on``, no cues."""
+    return {"version": 0, "schema": _schema(cfg), "error_feedback": cfg.error_feedback == "on", "cues": []}
+
+
+def validate_interface(omega: Mapping[str, Any]) -> None:
+    """Raise ``ValueError`` (``TypeError`` for a non-mapping) unless ``omega`` has the interface shape."""
+    if not isinstance(omega, Mapping):
+        raise TypeError(f"interface must be a mapping, got {type(omega).__name__}")
+    missing = {"version", "schema", "error_feedback", "cues"} - set(omega)
+    if missing:
+        raise ValueError(f"interface lacks {sorted(missing)}")
+    if not isinstance(omega["version"], int) or omega["version"] < 0:
+        raise ValueError(f"interface version must be a non-negative int, got {omega['version']!r}")
+    schema = omega["schema"]
+    if not isinstance(schema, Mapping) or set(schema) != {"required", "enum", "types", "hide_optional"}:
+        raise ValueError(f"interface schema must have required/enum/types/hide_optional, got {schema!r}")
+    if not all(isinstance(v, bool) for v in schema.values()) or not isinstance(omega["error_feedback"], bool):
+        raise ValueError("interface schema switches and error_feedback must be booleans")
+    cues = omega["cues"]
+    if not isinstance(cues, list) or not all(
+        isinstance(c, Mapping) and isinstance(c.get("tag"), str) and isinstance(c.get("text"), str) for c in cues
+    ):
+        raise ValueError(f"interface cues must be a list of {{tag, text}} strings, got {cues!r}")
+
+
+def _error_feedback(omega: Mapping[str, Any], profile: FailureProfile, cfg: EvolveConfig) -> bool:
+    if cfg.error_feedback != "adaptive":
+        return cfg.error_feedback == "on"
+    stats = [profile.tags[t] for t in cfg.feedback_tags() if t in profile.tags]
+    prevalence = sum(s.prevalence for s in stats)
+    count = sum(s.count for s in stats)
+    if omega["error_feedback"]:  # incumbent: stays on until clearly below the threshold
+        relax = 1.0 - cfg.hysteresis
+        return prevalence >= cfg.error_threshold * relax and count >= math.ceil(cfg.error_min_count * relax)
+    return count > 0 and prevalence >= cfg.error_threshold and count >= cfg.error_min_count
+
+
+def _cue_tags(
+    omega: Mapping[str, Any], profile: FailureProfile, cfg: EvolveConfig, texts: Mapping[str, str]
+) -> list[str]:
+    if not cfg.cues or cfg.max_cues == 0:
+        return []
+    incumbents = {c["tag"] for c in omega["cues"]}
+    relax = 1.0 - cfg.hysteresis
+    ranked: list[tuple[float, str]] = []
+    for tag, stat in profile.tags.items():
+        if tag not in texts or tag in NON_CUE_TAGS:
+            continue
+        if tag in incumbents:
+            keep = (
+                stat.count >= math.ceil(cfg.min_tag_count * relax)
+                and stat.prevalence >= cfg.prevalence_threshold * relax
+                and stat.reward_mean < min(1.0, cfg.reward_threshold * (1.0 + cfg.hysteresis))
+            )
+            score = stat.pressure * (1.0 + cfg.hysteresis)
+        else:
+            keep = (
+                stat.count >= cfg.min_tag_count
+                and stat.prevalence >= cfg.prevalence_threshold
+                and stat.reward_mean < cfg.reward_threshold
+            )
+            score = stat.pressure
+        if keep:
+            ranked.append((score, tag))
+    # highest score first; ties by tag name so the choice is deterministic
+    chosen = {tag for _, tag in sorted(ranked, key=lambda x: (-x[0], x[1]))[: cfg.max_cues]}
+    return [tag for tag in texts if tag in chosen]  # stable order: CUE_TEXTS order, then overrides
+
+
+def evolve(omega: Mapping[str, Any], profile: FailureProfile, cfg: EvolveConfig) -> dict[str, Any]:
+    """Ω_{t+1} from Ω_t and the failure profile C_t. Pure; never for evaluation episodes."""
+    validate_interface(omega)
+    texts = cfg.texts()
+    content = {
+        "schema": _schema(cfg),
+        "error_feedback": _error_feedback(omega, profile, cfg),
+        "cues": [{"tag": tag, "text": texts[tag]} for tag in _cue_tags(omega, profile, cfg, texts)],
+    }
+    old = {"schema": dict(omega["schema"]), "error_feedback": omega["error_feedback"],
+           "cues": [{"tag": c["tag"], "text": c["text"]} for c in omega["cues"]]}
+    version = omega["version"] + (1 if content != old else 0)
+    return {"version": version, **content}
+
+
+def interface_metrics(omega: Mapping[str, Any]) -> dict[str, float]:
+    """``interface/*`` metrics: version, error feedback, number of cues and one flag per cue tag."""
+    out = {
+        "interface/version": float(omega["version"]),
+        "interface/error_feedback": float(omega["error_feedback"]),
+        "interface/num_cues": float(len(omega["cues"])),
+    }
+    for cue in omega["cues"]:
+        out[f"interface/cue/{cue['tag']}"] = 1.0
+    return out

@@ -1,0 +1,101 @@
+"""Trajectory reward from the env service's ``evaluate`` reply (reference §3).
+
+* ``binary`` (default; the paper): the official 0/1 BFCL verdict, unchanged.
+* ``capped``: partial credit for failed trajectories, ``min(cap, weight · progress)``, where
+  ``progress`` = passed / scorable turns; the cap may decay linearly with training progress down to
+  ``min_cap``. A success is always 1.0. (The release's SEAL recipe runs this mode with ``cap = 0``,
+  which is exactly ``binary``.)
+* ``t3rl``: ``(passed + w · passed_irrelevance) / (scorable + w · irrelevance)`` for failed
+  trajectories, optionally 0 when no scorable turn passed (``scorable_floor``).
+
+Unlike the release, explicit zeros stay zeros (``irrelevance_weight: 0`` means "ignore irrelevance
+turns", not 0.5), and an unknown mode is an error instead of silently meaning ``capped``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from seal.core.config_parsing import apply_release_zero_fallback, config_from_mapping
+
+REWARD_MODES = ("binary", "capped", "t3rl")
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """Reward-mode knobs. Source of each default in brackets."""
+
+    mode: str = "binary"  # [paper] reward = verifier verdict
+    cap: float = 0.7  # [release] partial_credit_cap
+    cap_decay: bool = False  # [release] cap · (1 − training_progress), floored at min_cap
+    min_cap: float = 0.1  # [release]
+    weight: float = 1.0  # [release] partial_credit_weight, applied to progress before the cap
+    irrelevance_weight: float = 0.5  # [release] t3rl weight of irrelevance turns
+    scorable_floor: bool = False  # [ours default] t3rl: 0 when no scorable turn passed
+    # [release bug, off] `value or default` parsing: irrelevance_weight 0 becomes 0.5.
+    release_zero_fallback: bool = False
+
+    RELEASE_OR_DEFAULT_FIELDS = ("irrelevance_weight",)
+
+    def __post_init__(self) -> None:
+        if self.release_zero_fallback:
+            apply_release_zero_fallback(self, self.RELEASE_OR_DEFAULT_FIELDS)
+        if self.mode not in REWARD_MODES:
+            raise ValueError(f"reward.mode must be one of {REWARD_MODES}, got {self.mode!r}")
+        for name in ("cap", "min_cap", "weight", "irrelevance_weight"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"reward.{name} must be finite and >= 0, got {value}")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> RewardConfig:
+        """Build from a mapping (dict / OmegaConf). Unknown keys raise; explicit zeros stay zeros."""
+        return config_from_mapping(cls, data)
+
+
+def _clip01(x: float) -> float:
+    return min(max(float(x), 0.0), 1.0)
+
+
+def _field(result: Mapping[str, Any], key: str) -> Any:
+    if key not in result:
+        raise KeyError(f"evaluate reply lacks {key!r} (keys: {sorted(result)})")
+    return result[key]
+
+
+def compute_reward(result: Mapping[str, Any], cfg: RewardConfig, training_progress: float = 0.0) -> float:
+    """Scalar reward of one trajectory from its ``evaluate`` reply.
+
+    Args:
+        result: the reply: ``accuracy`` (0.0/1.0), ``progress``, ``progress_with_irrelevance`` and
+            ``counts`` {passed, scorable, passed_irrelevance, irrelevance} (the last two fields are
+            needed by ``t3rl`` only).
+        cfg: reward mode and knobs.
+        training_progress: fraction of training done, in [0, 1] (clipped); used by ``cap_decay``.
+    """
+    accuracy = float(_field(result, "accuracy"))
+    if accuracy not in (0.0, 1.0):
+        raise ValueError(f"evaluate accuracy must be 0.0 or 1.0, got {accuracy}")
+    if cfg.mode == "binary" or accuracy >= 1.0:
+        return accuracy
+
+    if cfg.mode == "capped":
+        cap = cfg.cap
+        if cfg.cap_decay:
+            cap = max(cfg.min_cap, cap * (1.0 - _clip01(training_progress)))
+        return min(_clip01(cap), cfg.weight * _clip01(_field(result, "progress")))
+
+    # t3rl
+    counts = _field(result, "counts")
+    passed, scorable = float(counts["passed"]), float(counts["scorable"])
+    passed_irr, irr = float(counts["passed_irrelevance"]), float(counts["irrelevance"])
+    if cfg.scorable_floor and scorable > 0 and passed == 0:
+        return 0.0
+    w = cfg.irrelevance_weight
+    denominator = scorable + w * irr
+    if denominator > 0:
+        return _clip01((passed + w * passed_irr) / denominator)
+    return _clip01(result.get("progress_with_irrelevance", _field(result, "progress")))

@@ -1,0 +1,313 @@
+"""verl agent loop `seal_bfcl`: one env-service episode per sample, token-exact (seal.rollout.episode).
+
+verl's agent-loop workers (Ray actors, one event loop each) instantiate `SealBfclAgentLoop` once per
+sample and await `run(sampling_params, **row)`, where `row` is the dataset row (our parquet:
+`extra_info.task_id`, `data_source` = category, ...) plus verl's `uid`, `session_id`, `global_steps`
+and, from our trainer mode, `seal_feed` (`EpisodeFeed` as JSON: episode mode, the interface Ω_t and
+the training progress for the reward). `run` drives `seal.rollout.episode.run_episode` with a `generate`
+adapter over verl's LLM server client (token ids in, token ids + log-probs out: vLLM's async server)
+and returns an `AgentLoopOutput`:
+
+    prompt_ids / response_ids / response_mask / response_logprobs   the Rollout's, unchanged
+    reward_score        the episode reward (`seal.reward` on the evaluate reply); verl puts it on the
+                        last response token (`rm_scores`), so verl's reward loop is not used
+    extra_fields        Rollout.extras() without the transcript (task_id, category, failure_tags,
+                        paper_labels, accuracy, progress, excluded, interface_version, ...), plus
+                        `min/max_global_steps` (verl's staleness bookkeeping) and
+                        `reward_extra_info` {acc, category, task_id, excluded} for verl's validation
+                        table
+
+Excluded episodes (seal.rollout.types.Rollout.excluded) and episodes without any response token come back
+as a well-formed placeholder (one end-of-turn token, mask 0, reward 0) flagged `excluded` in the
+extras: verl cannot batch an empty response, and our trainer mode keeps them out of GRPO groups.
+
+Per worker process and event loop, one `EnvClient` (pooled connections, several env URLs = several
+replicas) and one semaphore (`rollout.concurrency` split over the agent-loop workers) are shared by all
+episodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+from uuid import uuid4
+
+from omegaconf import DictConfig
+
+# The submodule, not the package: this module may be imported by the plugin's post-import hook while
+# the package `verl.experimental.agent_loop` is still initialising.
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+
+from seal import recipe as C
+from seal.core.reward import compute_reward
+from seal.engines.verl.config import AGENT_LOOP_NAME
+from seal.rollout.client import EnvClient
+from seal.rollout.episode import run_episode
+from seal.rollout.types import Generation, Rollout, RolloutLimits, SamplingParams
+
+log = logging.getLogger(__name__)
+
+FEED_KEY = "seal_feed"  # dataset-row key the trainer mode attaches to every batch it submits
+EPISODE_MODES = ("train", "eval")
+# Extras that stay in the worker: the transcript is large and the trainer does not need it.
+DROPPED_EXTRAS = ("messages",)
+
+
+class AgentLoopConfigError(RuntimeError):
+    """The verl config lacks what the seal agent loop needs (seal.recipe from seal.engines.verl.config)."""
+
+
+@dataclass(frozen=True)
+class EpisodeFeed:
+    """What the trainer mode sends with a batch: how to run its episodes.
+
+    mode: "train" (Ω allowed) or "eval" (validation: raw interface; the service refuses Ω).
+    interface: Ω_t for training episodes, None for the raw interface.
+    training_progress: fraction of training done, in [0, 1] (reward modes with a decaying cap).
+    """
+
+    mode: str = "eval"
+    interface: dict | None = None
+    training_progress: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in EPISODE_MODES:
+            raise ValueError(f"episode mode must be one of {EPISODE_MODES}, got {self.mode!r}")
+        if self.mode == "eval" and self.interface:
+            raise ValueError("evaluation episodes never get an interface")
+        if not (math.isfinite(self.training_progress) and 0.0 <= self.training_progress <= 1.0):
+            raise ValueError(f"training_progress must lie in [0, 1], got {self.training_progress}")
+
+    def to_json(self) -> str:
+        return json.dumps({"mode": self.mode, "interface": self.interface,
+                           "training_progress": self.training_progress}, sort_keys=True)
+
+    @classmethod
+    def from_value(cls, value: Any) -> EpisodeFeed | None:
+        """From the row value (JSON text, a mapping, or None = no feed)."""
+        if value is None:
+            return None
+        data = json.loads(value) if isinstance(value, (str, bytes)) else dict(value)
+        return cls(mode=str(data.get("mode", "eval")), interface=data.get("interface"),
+                   training_progress=float(data.get("training_progress", 0.0)))
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """The agent loop's knobs, read from the recipe inside the verl config (`seal.recipe`)."""
+
+    env_urls: tuple[str, ...]
+    timeout_s: float
+    max_retries: int
+    max_restarts: int
+    limits: RolloutLimits
+    reward_cfg: Any  # seal.core.reward.RewardConfig
+    concurrency_per_worker: int
+
+    @classmethod
+    def from_verl_config(cls, config: DictConfig) -> LoopSettings:
+        recipe = config.get("seal", {}).get("recipe") if isinstance(config, DictConfig) else None
+        if recipe is None:
+            raise AgentLoopConfigError(
+                f"the {AGENT_LOOP_NAME!r} agent loop needs the recipe under `seal.recipe` in the verl config; "
+                "build the config with seal.engines.verl.config.to_verl_config")
+        workers = int(config.actor_rollout_ref.rollout.agent.num_workers)
+        return cls(
+            env_urls=tuple(str(u) for u in recipe.env.urls),
+            timeout_s=float(recipe.env.timeout_s),
+            max_retries=int(recipe.env.max_retries),
+            max_restarts=int(recipe.env.max_restarts),
+            limits=C.rollout_limits(recipe),
+            reward_cfg=C.reward_config(recipe),
+            concurrency_per_worker=max(1, -(-int(recipe.rollout.concurrency) // max(workers, 1))),
+        )
+
+
+class _WorkerResources:
+    """What all episodes of one worker event loop share: settings, env client, concurrency gate."""
+
+    def __init__(self, settings: LoopSettings):
+        self.settings = settings
+        self.client = EnvClient(list(settings.env_urls), timeout=settings.timeout_s,
+                                max_retries=settings.max_retries,
+                                max_connections=max(32, 2 * settings.concurrency_per_worker))
+        self.gate = asyncio.Semaphore(settings.concurrency_per_worker)
+
+
+# id(event loop) -> (loop, settings, resources). A worker has one loop; tests may run several.
+_RESOURCES: dict[int, tuple[asyncio.AbstractEventLoop, LoopSettings, _WorkerResources]] = {}
+
+
+def _resources_for(config: DictConfig) -> _WorkerResources:
+    loop = asyncio.get_running_loop()
+    settings = LoopSettings.from_verl_config(config)
+    entry = _RESOURCES.get(id(loop))
+    if entry is not None and entry[0] is loop and entry[1] == settings:
+        return entry[2]
+    for key in [k for k, (other, _, _) in _RESOURCES.items() if other.is_closed()]:
+        del _RESOURCES[key]
+    resources = _WorkerResources(settings)
+    _RESOURCES[id(loop)] = (loop, settings, resources)
+    return resources
+
+
+async def close_loop_resources() -> None:
+    """Close the env client shared by the running event loop's episodes (a worker shutting down; tests)."""
+    entry = _RESOURCES.pop(id(asyncio.get_running_loop()), None)
+    if entry is not None:
+        await entry[2].client.aclose()
+
+
+def task_id_of(row: dict[str, Any]) -> str:
+    """The BFCL task id of a dataset row (`extra_info.task_id`, else `extra_info.index`)."""
+    extra = row.get("extra_info") or {}
+    task_id = extra.get("task_id") or extra.get("index") or row.get("index")
+    if not isinstance(task_id, str) or not task_id:
+        raise ValueError(f"dataset row has no extra_info.task_id: keys {sorted(row)}")
+    return task_id
+
+
+class _GlobalSteps:
+    """Weight versions (verl global steps) the episode's generations ran on."""
+
+    def __init__(self, fallback: int | None):
+        self.fallback = fallback
+        self.low: int | None = None
+        self.high: int | None = None
+
+    def add(self, extra: dict[str, Any]) -> None:
+        """Record one generation's `extra_fields` (verl's client sets min/max_global_steps)."""
+        low = extra.get("min_global_steps", extra.get("global_steps"))
+        high = extra.get("max_global_steps", extra.get("global_steps"))
+        if low is not None:
+            self.low = int(low) if self.low is None else min(self.low, int(low))
+        if high is not None:
+            self.high = int(high) if self.high is None else max(self.high, int(high))
+
+    def fields(self) -> dict[str, int | None]:
+        low = self.low if self.low is not None else self.fallback
+        high = self.high if self.high is not None else self.fallback
+        return {"min_global_steps": low, "max_global_steps": high}
+
+
+def make_generate(server_manager: Any, base_params: dict[str, Any], request_id: str, steps: _GlobalSteps):
+    """A `seal.rollout.types.GenerateFn` over verl's `LLMServerClient.generate` (token ids in and out).
+
+    `base_params` are the sampling params verl gives the agent loop (validation overrides already
+    applied, `logprobs` on when the trainer needs rollout log-probs); each call adds its `max_tokens`.
+    One `request_id` per episode keeps the episode on one server (prefix-cache reuse).
+    """
+
+    async def generate(prompt_ids: list[int], params: SamplingParams) -> Generation:
+        sampling = dict(base_params)
+        sampling.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k)
+        if params.max_tokens is not None:
+            sampling["max_tokens"] = int(params.max_tokens)
+        out = await server_manager.generate(request_id=request_id, prompt_ids=list(prompt_ids),
+                                            sampling_params=sampling)
+        if out.stop_reason in ("aborted", "abort"):
+            # Only async trainer modes abort requests; ours is synchronous, so this is a real failure.
+            raise RuntimeError(f"generation aborted by the rollout server (request {request_id})")
+        steps.add(dict(out.extra_fields or {}))
+        ids = [int(t) for t in out.token_ids]
+        finish = "length" if params.max_tokens is not None and len(ids) >= params.max_tokens else "stop"
+        logprobs = None if out.log_probs is None else [float(x) for x in out.log_probs]
+        return Generation(ids, finish, logprobs)
+
+    return generate
+
+
+def rollout_to_output(rollout: Rollout, *, eos_id: int, fallback_prompt_ids: list[int],
+                      global_steps: dict[str, int | None], need_logprobs: bool) -> AgentLoopOutput:
+    """`AgentLoopOutput` of a finished episode (placeholder sequence for excluded / empty ones)."""
+    extras = {k: v for k, v in rollout.extras().items() if k not in DROPPED_EXTRAS}
+    placeholder = rollout.excluded or not rollout.response_ids
+    if placeholder:
+        # The short dataset prompt: an excluded episode's own prompt may be the overlong one.
+        prompt_ids = list(fallback_prompt_ids) or list(rollout.prompt_ids) or [eos_id]
+        # One unsampled end-of-turn token: verl needs a non-empty response; mask 0 trains nothing.
+        response_ids, response_mask, logprobs = [eos_id], [0], [0.0]
+        if rollout.excluded:
+            reward = 0.0
+        else:  # graded but produced no token (limits): keep its reward, nothing to train on
+            reward = float(rollout.reward)
+            extras["excluded"] = True
+            extras["exclude_reason"] = "empty_response"
+    else:
+        prompt_ids, response_ids = list(rollout.prompt_ids), list(rollout.response_ids)
+        response_mask = list(rollout.response_mask)
+        logprobs = None if rollout.response_logprobs is None else list(rollout.response_logprobs)
+        reward = float(rollout.reward)
+    if logprobs is None and need_logprobs:
+        raise RuntimeError(f"{rollout.task_id}: the rollout server returned no log-probs but "
+                           "actor_rollout_ref.rollout.calculate_log_probs is on")
+    accuracy = rollout.accuracy if rollout.accuracy is not None else 0.0
+    extras.update(global_steps)
+    extras["turn_scores"], extras["tool_rewards"] = [], []  # verl's agent-loop schema
+    extras["reward_extra_info"] = {
+        "acc": float(accuracy),
+        "category": rollout.category or "",
+        "task_id": rollout.task_id,
+        "excluded": float(bool(extras["excluded"])),
+    }
+    metrics = AgentLoopMetrics(generate_sequences=rollout.model_time_s, tool_calls=rollout.env_time_s)
+    return AgentLoopOutput(
+        prompt_ids=prompt_ids,
+        response_ids=response_ids,
+        response_mask=response_mask,
+        response_logprobs=logprobs if need_logprobs else None,
+        reward_score=reward,
+        num_turns=0 if placeholder and rollout.excluded else len(rollout.messages),
+        metrics=metrics,
+        extra_fields=extras,
+    )
+
+
+@register(AGENT_LOOP_NAME)
+class SealBfclAgentLoop(AgentLoopBase):
+    """One BFCL multi-turn episode against the env service (see the module docstring)."""
+
+    _warned_no_feed = False
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        resources = _resources_for(self.config)
+        settings = resources.settings
+        task_id = task_id_of(kwargs)
+        feed = EpisodeFeed.from_value(kwargs.get(FEED_KEY))
+        if feed is None:
+            # Without our trainer mode nothing says whether this is training; the raw interface in
+            # eval mode is always allowed and never leaks the training interface.
+            if not SealBfclAgentLoop._warned_no_feed:
+                log.warning("no %s in the batch (trainer mode is not %r?): episodes run in eval mode with "
+                            "the raw interface", FEED_KEY, "seal")
+                SealBfclAgentLoop._warned_no_feed = True
+            feed = EpisodeFeed()
+        params = SamplingParams(temperature=float(sampling_params.get("temperature", 1.0)),
+                                top_p=float(sampling_params.get("top_p", 1.0)),
+                                top_k=int(sampling_params.get("top_k", -1)))
+        fallback_step = kwargs.get("global_steps")
+        steps = _GlobalSteps(int(fallback_step) if fallback_step is not None else None)
+        generate = make_generate(self.server_manager, sampling_params, uuid4().hex, steps)
+        reward_fn = partial(compute_reward, cfg=settings.reward_cfg, training_progress=feed.training_progress)
+        async with resources.gate:
+            rollout = await run_episode(
+                resources.client, generate, self.tokenizer, task_id, feed.mode, feed.interface, params,
+                settings.limits, reward_fn=reward_fn, max_restarts=settings.max_restarts,
+            )
+        need_logprobs = bool(self.rollout_config.get("calculate_log_probs", False))
+        return rollout_to_output(rollout, eos_id=int(self.tokenizer.eos_token_id),
+                                 fallback_prompt_ids=self._fallback_prompt(kwargs),
+                                 global_steps=steps.fields(), need_logprobs=need_logprobs)
+
+    def _fallback_prompt(self, row: dict[str, Any]) -> list[int]:
+        """Token ids of the dataset prompt, for the placeholder of an episode that never started."""
+        messages = row.get("raw_prompt")
+        if not messages:
+            return []
+        text = self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+        return list(self.tokenizer.encode(text, add_special_tokens=False))

@@ -1,0 +1,237 @@
+"""Recipe (`docs/config.md`) -> verl 0.9.1 trainer config.
+
+`to_verl_config(cfg, run_dir)` starts from verl's own default `ppo_trainer` config, composed from the
+installed package (so every key verl expects is there with verl's default), and overrides the keys our
+recipe owns. Everything else keeps verl's default. Sources of the values we set ourselves (not from the
+recipe) are marked R (release recipe) or O (ours).
+
+Where our recipe knobs land in verl (the full table is in docs/verl_engine.md)::
+
+    model.path / dtype                -> actor_rollout_ref.model.path, *.fsdp_config.dtype, rollout.dtype
+    data.*                            -> data.* (train/val files made absolute)
+    rollout.n / temperature / top_*   -> actor_rollout_ref.rollout.*
+    rollout.val_temperature / val_n   -> actor_rollout_ref.rollout.val_kwargs.*  (greedy validation)
+    rollout.max_model_len, gpu_memory_utilization, tensor_parallel_size -> rollout.* (vLLM)
+    actor.*                           -> actor_rollout_ref.actor.* (+ optim.lr/weight_decay/clip_grad)
+    algorithm.*                       -> algorithm.*
+    trainer.*                         -> trainer.* (checkpoints under <run_dir>/checkpoints)
+
+The resolved recipe itself travels inside the verl config under `seal.recipe` (with `seal.run_dir`):
+verl hands its whole config to the trainer and to every agent-loop worker, so our trainer mode and agent
+loop read their settings from there, in whatever process or node they run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from seal import recipe as C
+
+AGENT_LOOP_NAME = "seal_bfcl"  # seal.engines.verl.agent_loop.SealBfclAgentLoop
+TRAINER_MODE = "seal"  # seal.engines.verl.trainer.SealTrainer
+ROLLOUT_ENGINE = "vllm"
+# Release (§7.2): the reference policy's parameters are offloaded to CPU.
+REF_PARAM_OFFLOAD = True
+# Ours: checkpoints also carry Hugging Face weights (actor/huggingface) so `seal.evaluate` / vLLM can
+# serve any checkpoint directly; verl's default saves FSDP shards only.
+CHECKPOINT_CONTENTS = ["model", "optimizer", "extra", "hf_model"]
+# verl names of the loggers we forward; "jsonl" is written by our trainer (run_dir/metrics.jsonl).
+VERL_LOGGERS = {"console": "console", "wandb": "wandb"}
+
+
+def verl_config_dir() -> Path:
+    """`verl/trainer/config` of the installed verl package."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("verl")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("verl is not installed (pip install 'verl[verl-core]==0.9.1')")
+    return Path(next(iter(spec.submodule_search_locations))) / "trainer" / "config"
+
+
+def load_verl_defaults() -> DictConfig:
+    """verl's default `ppo_trainer` config, composed with Hydra from the installed package.
+
+    Hydra's global state is saved and restored, so this also works inside a Hydra application.
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    hydra = GlobalHydra.instance()
+    saved = hydra.hydra if hydra.is_initialized() else None
+    if saved is not None:
+        hydra.clear()
+    try:
+        with initialize_config_dir(config_dir=str(verl_config_dir()), version_base=None):
+            cfg = compose(config_name="ppo_trainer", overrides=[f"actor_rollout_ref.rollout.name={ROLLOUT_ENGINE}"])
+    finally:
+        if saved is not None:
+            GlobalHydra.instance().initialize(saved)
+    return cfg
+
+
+def _data_path(path: str) -> str:
+    """Absolute path of a data file: as given, else under the cwd, else under the repository."""
+    p = Path(os.path.expanduser(path))
+    if p.is_absolute():
+        return str(p)
+    if p.exists():
+        return str(p.resolve())
+    return str((C.REPO_ROOT / p).resolve())
+
+
+def resume_settings(resume: str) -> dict[str, Any]:
+    """`trainer.resume` (auto | disable | <checkpoint dir>) -> verl's resume_mode / resume_from_path.
+
+    A checkpoint directory may be our `checkpoints/step_N` link or verl's `global_step_N` folder;
+    verl needs the latter (it parses the step from the name).
+    """
+    if resume in ("auto", "disable"):
+        return {"trainer.resume_mode": resume, "trainer.resume_from_path": None}
+    real = os.path.realpath(os.path.expanduser(resume))
+    if "global_step_" not in os.path.basename(real):
+        raise ValueError(f"trainer.resume: {resume!r} is not a verl checkpoint directory "
+                         "(checkpoints/step_N or checkpoints/global_step_N)")
+    return {"trainer.resume_mode": "resume_path", "trainer.resume_from_path": real}
+
+
+def recipe_overrides(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+    """The verl keys our recipe sets, as {dotted verl key: value}."""
+    a, r, d, t, alg = cfg.actor, cfg.rollout, cfg.data, cfg.trainer, cfg.algorithm
+    micro = int(a.ppo_micro_batch_size_per_gpu)
+    loggers = [VERL_LOGGERS[name] for name in t.logger if name in VERL_LOGGERS]
+    out: dict[str, Any] = {
+        # model
+        "actor_rollout_ref.model.path": str(cfg.model.path),
+        "actor_rollout_ref.actor.fsdp_config.dtype": str(cfg.model.dtype),
+        "actor_rollout_ref.ref.fsdp_config.dtype": str(cfg.model.dtype),
+        "actor_rollout_ref.ref.fsdp_config.param_offload": REF_PARAM_OFFLOAD,
+        # data: the parquet rows carry agent_name=seal_bfcl and extra_info.task_id; the env service
+        # renders the real prompt, so verl's own prompt filtering/truncation is not used.
+        "data.train_files": _data_path(str(d.train_files)),
+        "data.val_files": _data_path(str(d.val_files)),
+        "data.train_batch_size": int(d.train_batch_size),
+        "data.max_prompt_length": int(d.max_prompt_length),
+        "data.max_response_length": int(d.max_response_length),
+        "data.shuffle": bool(d.shuffle),
+        "data.seed": int(cfg.seed),
+        "data.return_raw_chat": True,
+        "data.filter_overlong_prompts": False,
+        "data.val_batch_size": None,  # release: the 400 validation tasks in one batch
+        # rollout (vLLM, async server + our agent loop)
+        "actor_rollout_ref.rollout.name": ROLLOUT_ENGINE,
+        "actor_rollout_ref.rollout.mode": "async",
+        "actor_rollout_ref.rollout.n": int(r.n),
+        "actor_rollout_ref.rollout.temperature": float(r.temperature),
+        "actor_rollout_ref.rollout.top_p": float(r.top_p),
+        "actor_rollout_ref.rollout.top_k": int(r.top_k),
+        "actor_rollout_ref.rollout.prompt_length": int(d.max_prompt_length),
+        "actor_rollout_ref.rollout.response_length": int(d.max_response_length),
+        "actor_rollout_ref.rollout.max_model_len": int(r.max_model_len),
+        "actor_rollout_ref.rollout.gpu_memory_utilization": float(r.gpu_memory_utilization),
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": int(r.tensor_parallel_size),
+        "actor_rollout_ref.rollout.dtype": str(cfg.model.dtype),
+        "actor_rollout_ref.rollout.calculate_log_probs": True,
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": micro,
+        "actor_rollout_ref.rollout.val_kwargs.temperature": float(r.val_temperature),
+        "actor_rollout_ref.rollout.val_kwargs.top_p": 1.0,
+        "actor_rollout_ref.rollout.val_kwargs.top_k": -1,
+        "actor_rollout_ref.rollout.val_kwargs.n": int(r.val_n),
+        "actor_rollout_ref.rollout.val_kwargs.do_sample": float(r.val_temperature) > 0,
+        "actor_rollout_ref.rollout.agent.default_agent_loop": AGENT_LOOP_NAME,
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": micro,
+        # actor: dual-clip PPO loss, KL loss, token-mean
+        "actor_rollout_ref.actor.optim.lr": float(a.lr),
+        "actor_rollout_ref.actor.optim.weight_decay": float(a.weight_decay),
+        "actor_rollout_ref.actor.optim.clip_grad": float(a.grad_clip),  # read by the v1 FSDP engine
+        "actor_rollout_ref.actor.grad_clip": float(a.grad_clip),  # legacy key, kept consistent
+        "actor_rollout_ref.actor.clip_ratio": float(a.clip_ratio_low),
+        "actor_rollout_ref.actor.clip_ratio_low": float(a.clip_ratio_low),
+        "actor_rollout_ref.actor.clip_ratio_high": float(a.clip_ratio_high),
+        "actor_rollout_ref.actor.clip_ratio_c": float(a.clip_ratio_c),
+        "actor_rollout_ref.actor.policy_loss.loss_mode": "vanilla",
+        "actor_rollout_ref.actor.use_kl_loss": bool(a.use_kl_loss),
+        "actor_rollout_ref.actor.kl_loss_coef": float(a.kl_loss_coef),
+        "actor_rollout_ref.actor.kl_loss_type": str(a.kl_loss_type),
+        "actor_rollout_ref.actor.entropy_coeff": float(a.entropy_coeff),
+        "actor_rollout_ref.actor.loss_agg_mode": str(a.loss_agg_mode),
+        "actor_rollout_ref.actor.ppo_mini_batch_size": int(a.ppo_mini_batch_size),
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": micro,
+        "actor_rollout_ref.actor.ppo_epochs": int(a.ppo_epochs),
+        # R: ppo / log-prob max token length 16384 = the context window.
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": int(r.max_model_len),
+        "actor_rollout_ref.actor.data_loader_seed": int(cfg.seed),
+        "actor_rollout_ref.actor.checkpoint.save_contents": list(CHECKPOINT_CONTENTS),
+        # algorithm
+        "algorithm.adv_estimator": str(alg.adv_estimator),
+        "algorithm.norm_adv_by_std_in_grpo": bool(alg.norm_adv_by_std_in_grpo),
+        "algorithm.use_kl_in_reward": bool(alg.use_kl_in_reward),
+        "algorithm.gamma": 1.0,
+        "algorithm.lam": 1.0,
+        "critic.enable": False,
+        # O: the agent loop sets each episode's reward itself (verl then skips its reward loop), so
+        # verl's reward workers stay idle; one is enough.
+        "reward.num_workers": 1,
+        # trainer
+        "trainer.total_epochs": int(t.total_epochs),
+        "trainer.total_training_steps": (None if t.total_training_steps is None else int(t.total_training_steps)),
+        "trainer.test_freq": int(t.test_freq) if int(t.test_freq) > 0 else -1,
+        "trainer.val_before_train": bool(t.val_before_train),
+        # verl saves when save_freq > 0; with 0 our trainer still saves the last step (docs/config.md).
+        "trainer.save_freq": int(t.save_freq) if int(t.save_freq) > 0 else -1,
+        "trainer.n_gpus_per_node": int(t.n_gpus_per_node),
+        "trainer.nnodes": int(t.nnodes),
+        "trainer.logger": loggers,
+        "trainer.project_name": str(t.wandb_project),
+        "trainer.experiment_name": str(cfg.experiment_name),
+        "trainer.default_local_dir": str(run_dir / "checkpoints"),
+        "trainer.device": "cuda",
+        "trainer.use_v1": True,
+        "trainer.v1.trainer_mode": TRAINER_MODE,
+        "trainer.log_val_generations": 0,
+    }
+    out.update(resume_settings(str(t.resume)))
+    return out
+
+
+def to_verl_config(cfg: DictConfig, run_dir: str | os.PathLike[str] | None = None,
+                   overrides: Sequence[str] = ()) -> DictConfig:
+    """verl's default trainer config with our recipe's values; the recipe rides along under `seal`.
+
+    Args:
+        cfg: a composed, validated recipe (`seal.recipe.load_config`).
+        run_dir: the run directory (default `seal.recipe.run_dir(cfg)`), made absolute.
+        overrides: extra verl dotted overrides applied last (`key=value`, YAML values), for knobs our
+            recipe does not carry (e.g. `actor_rollout_ref.rollout.agent.num_workers=16`). A key verl
+            does not know is an error.
+    """
+    if cfg.engine != "verl":
+        raise ValueError(f"to_verl_config needs engine: verl, the recipe says {cfg.engine!r}")
+    run = Path(run_dir if run_dir is not None else C.run_dir(cfg)).resolve()
+    verl_cfg = load_verl_defaults()
+    for key, value in recipe_overrides(cfg, run).items():
+        if not _has_key(verl_cfg, key):
+            raise KeyError(f"verl 0.9.1 has no config key {key!r} (our mapping is out of date)")
+        OmegaConf.update(verl_cfg, key, value, merge=False)
+    for item in overrides:
+        key, sep, raw = str(item).partition("=")
+        if not sep or not _has_key(verl_cfg, key):
+            raise KeyError(f"verl override {item!r}: not key=value with a known verl key")
+        OmegaConf.update(verl_cfg, key, OmegaConf.from_dotlist([f"v={raw}"]).v, merge=False)
+    with open_dict(verl_cfg):
+        verl_cfg.seal = {"run_dir": str(run), "recipe": C.to_container(cfg)}
+    return verl_cfg
+
+
+def _has_key(cfg: DictConfig, dotted: str) -> bool:
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, DictConfig) or part not in node:
+            return False
+        node = node._get_node(part)
+    return True

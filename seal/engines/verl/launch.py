@@ -1,0 +1,168 @@
+"""The verl engine: `train(cfg, run_dir)` runs a recipe on GPUs with verl 0.9.1 (Ray, FSDP, vLLM).
+
+What it does, in order:
+1. refuses at once without CUDA GPUs or without vLLM (clear message; the CPU path is the local engine,
+   `python launcher.py --conf exp/tiny_cpu.yaml`);
+2. checks that every env-service URL answers `/healthz` (the launcher starts the service);
+3. writes round-robin task subsets when `data.max_train_tasks` / `max_val_tasks` are set;
+4. builds verl's config (`seal.engines.verl.config.to_verl_config`) and lets verl validate it;
+5. runs verl's own entry (`verl.trainer.main_ppo.run_ppo` with the v1 `TaskRunnerV1`) with trainer mode
+   `seal`. verl starts Ray (several nodes: start a Ray cluster first and export `RAY_ADDRESS`, or the
+   engine connects with `address="auto"` when `trainer.nnodes > 1`), the FSDP workers, the vLLM
+   servers and the agent-loop workers; our plugin registers the `seal_bfcl` agent loop and the `seal`
+   trainer mode in each of those processes (`VERL_USE_EXTERNAL_MODULES` is set for them, so this works
+   whether or not the project is pip-installed).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from seal import recipe as C
+from seal.engines.verl.config import to_verl_config
+
+log = logging.getLogger(__name__)
+
+PLUGIN_MODULE = "seal.engines.verl.plugin"
+CPU_HINT = ("the verl engine needs NVIDIA GPUs (FSDP training + vLLM rollouts). On a machine without them "
+            "run the embedded local engine instead: python launcher.py --conf exp/tiny_cpu.yaml")
+
+
+class EngineUnavailable(RuntimeError):
+    """The verl engine cannot run on this machine (no GPU, no vLLM, env service unreachable)."""
+
+
+def check_gpus(cfg: DictConfig) -> int:
+    """Number of visible CUDA devices; raises `EngineUnavailable` when there are none or too few."""
+    try:
+        import torch
+    except ImportError as exc:  # pragma: no cover - torch is a hard dependency
+        raise EngineUnavailable(f"torch is not importable ({exc}); {CPU_HINT}") from exc
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise EngineUnavailable(f"no CUDA device visible: {CPU_HINT}")
+    need = int(cfg.trainer.n_gpus_per_node)
+    if int(cfg.trainer.nnodes) == 1 and count < need:
+        raise EngineUnavailable(f"trainer.n_gpus_per_node={need} but only {count} CUDA devices are visible "
+                                f"(set trainer.n_gpus_per_node={count} or expose more GPUs)")
+    if importlib.util.find_spec("vllm") is None:
+        raise EngineUnavailable("vLLM is not installed: pip install -e '.[gpu]' (verl[vllm]==0.9.1)")
+    return count
+
+
+def check_env_services(urls: Sequence[str], timeout: float = 5.0) -> None:
+    """At least one env-service replica must answer `GET /healthz` before the trainer starts (the
+    client fails over from dead replicas, which are only warned about)."""
+    import httpx
+
+    dead = []
+    for url in urls:
+        try:
+            if httpx.get(f"{str(url).rstrip('/')}/healthz", timeout=timeout).status_code != 200:
+                dead.append(url)
+        except httpx.HTTPError:
+            dead.append(url)
+    if len(dead) == len(urls):
+        raise EngineUnavailable(f"env service not reachable at {dead}: start it with `python -m env_service` "
+                                "(the launcher does when env.start_service is true)")
+    for url in dead:
+        log.warning("env replica %s does not answer; episodes go to the others", url)
+
+
+def round_robin_subset(parquet: str, n: int, out: Path) -> str:
+    """The first `n` rows taken round-robin over `data_source` (category), in file order per category,
+    written to `out` (the whole file when `n` covers it)."""
+    import pandas as pd
+
+    df = pd.read_parquet(parquet)
+    if n >= len(df):
+        return parquet
+    from env_service.vocab import CATEGORIES
+
+    # Same order as the local engine's subsets (seal.engines.local.engine.load_tasks): the paper's categories first.
+    by_cat = {str(c): g.index.tolist() for c, g in df.groupby("data_source", sort=True)}
+    groups = [by_cat[c] for c in CATEGORIES if c in by_cat] + [v for c, v in by_cat.items() if c not in CATEGORIES]
+    order: list[int] = []
+    depth = 0
+    while len(order) < n:
+        for g in groups:
+            if depth < len(g) and len(order) < n:
+                order.append(g[depth])
+        depth += 1
+    out.parent.mkdir(parents=True, exist_ok=True)
+    df.loc[order].reset_index(drop=True).to_parquet(out)
+    return str(out)
+
+
+def plugin_env_vars() -> dict[str, str]:
+    """Environment for every Ray process: load our plugin, find our packages, wandb offline without a key."""
+    repo = str(C.REPO_ROOT)
+    modules = [m for m in os.environ.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m]
+    if PLUGIN_MODULE not in modules:
+        modules.append(PLUGIN_MODULE)
+    path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = {
+        "VERL_USE_EXTERNAL_MODULES": ",".join(modules),
+        "PYTHONPATH": os.pathsep.join([repo, *[p for p in path if p != repo]]),
+    }
+    if not os.environ.get("WANDB_API_KEY"):
+        env["WANDB_MODE"] = os.environ.get("WANDB_MODE", "offline")
+    return env
+
+
+def build_verl_config(cfg: DictConfig, run_dir: str | os.PathLike[str],
+                      overrides: Sequence[str] = ()) -> DictConfig:
+    """The verl config of a run: subsets written under `run_dir/data`, Ray settings for our plugin."""
+    run = Path(run_dir).resolve()
+    cfg = cfg.copy()
+    with open_dict(cfg):
+        if cfg.data.max_train_tasks is not None:
+            cfg.data.train_files = round_robin_subset(_abs(cfg.data.train_files), int(cfg.data.max_train_tasks),
+                                                      run / "data" / "train_subset.parquet")
+        if cfg.data.max_val_tasks is not None:
+            cfg.data.val_files = round_robin_subset(_abs(cfg.data.val_files), int(cfg.data.max_val_tasks),
+                                                    run / "data" / "val_subset.parquet")
+    verl_cfg = to_verl_config(cfg, run, overrides)
+    with open_dict(verl_cfg):
+        ray_init = verl_cfg.ray_kwargs.ray_init
+        current = OmegaConf.select(ray_init, "runtime_env.env_vars")
+        env_vars = dict(OmegaConf.to_container(current, resolve=True)) if current is not None else {}
+        env_vars.update(plugin_env_vars())
+        ray_init.runtime_env.env_vars = env_vars
+        if int(cfg.trainer.nnodes) > 1 and not os.environ.get("RAY_ADDRESS"):
+            ray_init.address = "auto"  # join the cluster started with `ray start` on every node
+    return verl_cfg
+
+
+def _abs(path: Any) -> str:
+    p = Path(str(path))
+    return str(p if p.is_absolute() or p.exists() else C.REPO_ROOT / p)
+
+
+def train(cfg: DictConfig, run_dir: str | os.PathLike[str], overrides: Sequence[str] = ()) -> None:
+    """Train the recipe with verl; metrics.jsonl, checkpoints and verl_config.yaml land in `run_dir`."""
+    if cfg.engine != "verl":
+        raise ValueError(f"seal.engines.verl.launch.train needs engine: verl, the recipe says {cfg.engine!r}")
+    check_gpus(cfg)
+    check_env_services(list(cfg.env.urls))
+    verl_cfg = build_verl_config(cfg, run_dir, overrides)
+    os.environ.update(plugin_env_vars())  # this process too (the TaskRunner inherits ray_init's env)
+    from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+    from verl.utils.device import auto_set_device
+
+    import seal.engines.verl.plugin  # noqa: F401  - registration in the driver as well
+
+    auto_set_device(verl_cfg)
+    validate_config(verl_cfg, use_reference_policy=need_reference_policy(verl_cfg), use_critic=need_critic(verl_cfg))
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(verl_cfg, Path(run_dir) / "verl_config.yaml")
+    run_ppo(verl_cfg, task_runner_class=TaskRunnerV1)

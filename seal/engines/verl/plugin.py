@@ -1,0 +1,113 @@
+"""verl plugin (entry point `seal` of the `verl.plugins` group, see pyproject.toml).
+
+`import verl` imports this module in every process, Ray workers included (also when named in
+`VERL_USE_EXTERNAL_MODULES`). It registers with verl
+
+- the agent loop `seal_bfcl` (`seal.engines.verl.agent_loop.SealBfclAgentLoop`), and
+- the trainer mode `seal` (`seal.engines.verl.trainer.SealTrainer`, `trainer.v1.trainer_mode=seal`).
+
+It must be cheap and safe everywhere: it is loaded while `verl/__init__` is still running, in vLLM
+and FSDP worker processes that never need our classes, and on machines without vLLM. So it imports
+nothing from verl. Instead it installs a post-import hook: when verl's agent-loop package
+(`verl.experimental.agent_loop`) or v1 trainer package (`verl.trainer.ppo.v1`) has finished
+importing in a process, the module registering our class is imported right away, before the importer
+continues. If a package is already imported when the plugin loads, registration happens at once.
+Failures are logged as warnings (verl swallows plugin exceptions at debug level).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import logging
+import sys
+import threading
+from types import ModuleType
+
+log = logging.getLogger(__name__)
+
+# verl package -> our module that registers with it when imported.
+HOOKS: dict[str, str] = {
+    "verl.experimental.agent_loop": "seal.engines.verl.agent_loop",
+    "verl.trainer.ppo.v1": "seal.engines.verl.trainer",
+}
+
+_lock = threading.RLock()
+_done: set[str] = set()
+
+
+def _register(target: str) -> None:
+    """Import `HOOKS[target]` once (it registers itself); log instead of raising."""
+    module = HOOKS[target]
+    with _lock:
+        if target in _done:
+            return
+        _done.add(target)
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # a broken registration must not break verl's own import
+        log.warning("seal verl plugin: importing %s (after %s) failed: %r", module, target, exc)
+
+
+class _AfterExec(importlib.abc.Loader):
+    """Wraps a module's real loader and runs the registration once the module has executed."""
+
+    def __init__(self, loader: importlib.abc.Loader, target: str):
+        self._loader = loader
+        self._target = target
+
+    def create_module(self, spec):  # noqa: D401 - importlib protocol
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)
+        _register(self._target)
+
+    def __getattr__(self, name: str):  # get_resource_reader, is_package, ... of the real loader
+        return getattr(self._loader, name)
+
+
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    """Finds the hooked packages through the other finders and wraps their loaders."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in HOOKS or fullname in _done:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _AfterExec(spec.loader, fullname)
+                return spec
+        return None
+
+
+_FINDER = _PostImportFinder()
+
+
+def install() -> None:
+    """Register now for packages already imported; hook the others. Idempotent."""
+    for target in HOOKS:
+        module = sys.modules.get(target)
+        # A package still being imported (spec._initializing) is handled by its wrapped loader.
+        if module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False):
+            _register(target)
+    with _lock:
+        if not any(f is _FINDER for f in sys.meta_path):
+            sys.meta_path.insert(0, _FINDER)
+
+
+def registered() -> dict[str, bool]:
+    """Whether our agent loop and trainer mode are in verl's registries (imports verl's packages)."""
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+    from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
+
+    from seal.engines.verl.config import AGENT_LOOP_NAME, TRAINER_MODE
+
+    return {"agent_loop": AGENT_LOOP_NAME in _agent_loop_registry, "trainer_mode": TRAINER_MODE in TRAINER_REGISTRY}
+
+
+install()

@@ -1,0 +1,330 @@
+"""Policy backends for evaluation: what answers the environment's messages.
+
+A policy is named by a spec string (``python -m seal.evaluate --policy SPEC``):
+
+- ``hf:<path>``: a local Hugging Face model (CPU or GPU), greedy, token-level: evaluation goes through the
+  token-exact agent loop (``seal.rollout.episode``), the same code that plays training and validation episodes.
+- ``vllm:<path>``: the same on vLLM (GPU; imported only when used).
+- ``openai:<base_url>#<model>``: any OpenAI-compatible chat-completions server (e.g. ``vllm serve``). Text-level:
+  the service's messages go to the server as they are, the reply text is what the environment steps with.
+- ``ground_truth``: harness self-check; replays each task's ground truth, one ``<tool_call>`` per step and a
+  plain reply to end each turn.
+- ``empty``: harness self-check; always a plain reply (no tool call ever).
+
+Every policy offers the text-level interface ``policy.agent(task_id)`` -> an async callable
+``messages -> reply text`` (the OOD harnesses and the text path of the held-in evaluation use it); token-level
+policies also carry a ``TokenBackend`` (tokenizer + ``generate``) for the token-exact agent loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from env_service.parser import format_tool_call
+from env_service.tasks import TURN_END_REPLY, ground_truth_replies
+from seal.rollout.hf_generation import HFGenerator
+from seal.rollout.types import GenerateFn, Generation, SamplingParams
+
+log = logging.getLogger(__name__)
+
+Message = dict[str, str]
+Agent = Callable[[list[Message]], Awaitable[str]]
+
+# Greedy decoding (release validation: temperature 0, top_k -1, top_p 1.0).
+GREEDY = SamplingParams(temperature=0.0, top_p=1.0, top_k=-1)
+
+# The plain reply of the `empty` self-check.
+EMPTY_REPLY = "I am not able to help with that."
+
+SELF_CHECKS = ("ground_truth", "empty")
+
+
+class PolicyError(RuntimeError):
+    """A policy that cannot be built (bad spec, missing backend) or a reply it could not produce."""
+
+
+class ContextLimitReached(PolicyError):
+    """The model server refused the request because the conversation no longer fits its context window.
+
+    The token loop stops an episode at the context limit and grades it; the text path does the same when it
+    sees this."""
+
+
+@dataclass
+class TokenBackend:
+    """What the token-exact agent loop needs: a tokenizer with a chat template and `generate`."""
+
+    tokenizer: Any
+    generate: GenerateFn
+
+
+@dataclass
+class Policy:
+    """A parsed policy: its spec, kind ("token" / "text" / "self_check") and backends."""
+
+    spec: str
+    kind: str
+    agent_factory: Callable[[str], Agent]
+    token_backend: TokenBackend | None = None
+    notes: list[str] = field(default_factory=list)
+    closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.spec.split(":", 1)[0]
+
+    @property
+    def is_self_check(self) -> bool:
+        return self.spec in SELF_CHECKS
+
+    def agent(self, task_id: str) -> Agent:
+        """A fresh per-episode text agent for `task_id` (self-checks need the task; models ignore it)."""
+        return self.agent_factory(task_id)
+
+    async def aclose(self) -> None:
+        for close in self.closers:
+            await close()
+
+
+# --- self-checks ----------------------------------------------------------------------------------------
+
+
+def ground_truth_steps(task_id: str) -> int:
+    """Model calls the ground-truth replay of `task_id` needs (its step budget for one episode)."""
+    return len(ground_truth_replies(task_id))
+
+
+def scripted_agent(texts: list[str]) -> Agent:
+    """Replies `texts` in order, then keeps repeating a plain reply (ends any further turn)."""
+    replies = iter(texts)
+
+    async def agent(messages: list[Message]) -> str:
+        return next(replies, TURN_END_REPLY)
+
+    return agent
+
+
+def constant_agent(text: str) -> Agent:
+    async def agent(messages: list[Message]) -> str:
+        return text
+
+    return agent
+
+
+# --- token-level models ---------------------------------------------------------------------------------
+
+
+def text_agent_from_tokens(backend: TokenBackend, max_tokens: int) -> Agent:
+    """A text agent over a token backend: chat template -> generate -> decode (used by the OOD harnesses).
+
+    Held-in evaluation does not use this: it runs the token-exact agent loop."""
+    tokenizer = backend.tokenizer
+
+    async def agent(messages: list[Message]) -> str:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        params = SamplingParams(temperature=GREEDY.temperature, top_p=GREEDY.top_p, top_k=GREEDY.top_k,
+                                max_tokens=max_tokens)
+        gen = await backend.generate(list(ids), params)
+        return tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+
+    return agent
+
+
+class VLLMGenerator:
+    """Generation with vLLM's async engine on token ids (sampled ids kept exactly). Needs a GPU and vllm."""
+
+    def __init__(self, path: str, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.85,
+                 max_model_len: int = 16384):
+        try:
+            import vllm  # noqa: F401
+        except ImportError as exc:
+            raise PolicyError(
+                "the vllm: policy needs vLLM, which is not installed here (GPU nodes: `pip install -e .[gpu]`). "
+                "Use hf:<path> on CPU, or serve the model (`vllm serve <path>`) and use openai:<url>#<model>."
+            ) from exc
+        from transformers import AutoTokenizer
+
+        self.path = path
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.engine_kwargs = {"model": path, "tensor_parallel_size": tensor_parallel_size,
+                              "gpu_memory_utilization": gpu_memory_utilization, "max_model_len": max_model_len,
+                              "enable_prefix_caching": True}
+        self._engine: Any = None
+
+    def _get_engine(self) -> Any:
+        # Built on first use, inside the running event loop (vLLM's async engine binds to it).
+        if self._engine is None:
+            from vllm import AsyncEngineArgs, AsyncLLMEngine
+
+            self._engine = AsyncLLMEngine.from_engine_args(AsyncEngineArgs(**self.engine_kwargs))
+        return self._engine
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        import vllm
+
+        engine = self._get_engine()
+        sampling = vllm.SamplingParams(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+                                       max_tokens=params.max_tokens, seed=params.seed)
+        final = None
+        async for output in engine.generate({"prompt_token_ids": list(prompt_ids)}, sampling,
+                                            request_id=uuid.uuid4().hex):
+            final = output
+        if final is None or not final.outputs:
+            raise PolicyError("vLLM returned no output")
+        completion = final.outputs[0]
+        finish = "length" if completion.finish_reason == "length" else "stop"
+        return Generation(list(completion.token_ids), finish)
+
+    async def aclose(self) -> None:
+        if self._engine is not None and hasattr(self._engine, "shutdown"):
+            self._engine.shutdown()
+
+
+# --- OpenAI-compatible servers --------------------------------------------------------------------------
+
+
+class OpenAIChat:
+    """Chat completions against an OpenAI-compatible server (text in, text out), greedy.
+
+    Transport errors and 5xx/429 are retried `max_retries` times with exponential backoff; a 400 that says
+    the context is too long raises `ContextLimitReached`; other 4xx and malformed replies raise
+    `PolicyError` (the task is recorded with the error, the evaluation goes on).
+    """
+
+    def __init__(self, base_url: str, model: str, max_tokens: int | None = 4096, timeout: float = 600.0,
+                 max_retries: int = 3, backoff: float = 1.0, api_key: str | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None):
+        if not base_url.startswith(("http://", "https://")):
+            raise PolicyError(f"openai: base URL must start with http:// or https://, got {base_url!r}")
+        if not model:
+            raise PolicyError("openai: give the model name after '#': openai:<base_url>#<model>")
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.model = model
+        self.max_tokens = max_tokens
+        self.max_retries = max_retries
+        self.backoff = backoff
+        key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._http = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(timeout, connect=10.0),
+                                       transport=transport, limits=httpx.Limits(max_connections=512))
+
+    async def complete(self, messages: list[Message]) -> str:
+        body: dict[str, Any] = {"model": self.model, "messages": messages, "temperature": 0.0, "top_p": 1.0}
+        if self.max_tokens:
+            body["max_tokens"] = self.max_tokens
+        last = ""
+        for attempt in range(self.max_retries + 1):
+            try:
+                resp = await self._http.post(self.url, json=body)
+            except httpx.TransportError as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            else:
+                if resp.status_code == 200:
+                    return _completion_text(resp)
+                detail = resp.text[:500]
+                if resp.status_code == 400 and _is_context_error(detail):
+                    raise ContextLimitReached(f"server refused the conversation as too long: {detail}")
+                if resp.status_code < 500 and resp.status_code != 429:
+                    raise PolicyError(f"POST {self.url} -> {resp.status_code}: {detail}")
+                last = f"HTTP {resp.status_code}: {detail}"
+            if attempt < self.max_retries:
+                await asyncio.sleep(self.backoff * 2**attempt)
+        raise PolicyError(f"POST {self.url} failed after {self.max_retries + 1} attempts: {last}")
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+
+def _is_context_error(detail: str) -> bool:
+    text = detail.lower()
+    return "context" in text and ("length" in text or "maximum" in text or "too long" in text)
+
+
+def _completion_text(resp: httpx.Response) -> str:
+    try:
+        payload = resp.json()
+        message = payload["choices"][0]["message"]
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise PolicyError(f"malformed chat-completions reply ({type(exc).__name__}): {resp.text[:300]!r}") from None
+    content = message.get("content") if isinstance(message, dict) else None
+    # A server with a tool parser enabled may return structured calls; turn them back into the text protocol.
+    calls = message.get("tool_calls") if isinstance(message, dict) else None
+    parts = [content] if isinstance(content, str) and content else []
+    for call in calls or []:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            raise PolicyError(f"malformed tool call in chat-completions reply: {call!r}"[:300])
+        arguments = function.get("arguments")
+        try:
+            parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+        except ValueError:
+            parsed = arguments  # left for the environment's parser to reject, as it would reject text
+        parts.append(format_tool_call(str(function.get("name")), parsed))
+    if content is not None and not isinstance(content, str):
+        raise PolicyError(f"chat-completions content is not text: {content!r}"[:300])
+    return "\n".join(parts)
+
+
+# --- spec parsing ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PolicyOptions:
+    """Backend settings from the command line (each documented in `python -m seal.evaluate --help`)."""
+
+    max_tokens_per_call: int = 4096  # release rollout.response_length
+    max_model_len: int = 16384  # release context window
+    device: str | None = None
+    dtype: str = "auto"
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.85
+    openai_transport: httpx.AsyncBaseTransport | None = None  # tests
+
+
+def parse_policy(spec: str, options: PolicyOptions | None = None) -> Policy:
+    """Build the policy named by `spec` (see the module docstring); a bad spec raises `PolicyError`."""
+    options = options or PolicyOptions()
+    if spec == "ground_truth":
+        return Policy(spec, "self_check", lambda task_id: scripted_agent(ground_truth_replies(task_id)),
+                      notes=["ground_truth: harness self-check replaying each task's ground truth "
+                             "(one <tool_call> per step, a plain reply ends each turn)"])
+    if spec == "empty":
+        return Policy(spec, "self_check", lambda task_id: constant_agent(EMPTY_REPLY),
+                      notes=[f"empty: harness self-check answering every step with {EMPTY_REPLY!r}"])
+    kind, sep, rest = spec.partition(":")
+    if not sep or not rest:
+        raise PolicyError(f"unknown policy {spec!r}; expected hf:<path>, vllm:<path>, openai:<base_url>#<model>, "
+                          "ground_truth or empty")
+    if kind == "hf":
+        if not os.path.exists(rest):
+            raise PolicyError(f"hf: no model directory at {rest!r}")
+        gen = HFGenerator.from_pretrained(rest, device=options.device, dtype=options.dtype)
+        backend = TokenBackend(gen.tokenizer, gen)
+        return Policy(spec, "token", lambda task_id: text_agent_from_tokens(backend, options.max_tokens_per_call),
+                      token_backend=backend, notes=[f"hf: greedy Hugging Face generation on {gen.device}"])
+    if kind == "vllm":
+        vgen = VLLMGenerator(rest, options.tensor_parallel_size, options.gpu_memory_utilization,
+                             options.max_model_len)
+        backend = TokenBackend(vgen.tokenizer, vgen.generate)
+        return Policy(spec, "token", lambda task_id: text_agent_from_tokens(backend, options.max_tokens_per_call),
+                      token_backend=backend, notes=["vllm: greedy vLLM generation"], closers=[vgen.aclose])
+    if kind == "openai":
+        base_url, hash_sep, model = rest.rpartition("#")
+        if not hash_sep:
+            raise PolicyError(f"openai policy needs openai:<base_url>#<model>, got {spec!r}")
+        chat = OpenAIChat(base_url, model, max_tokens=options.max_tokens_per_call,
+                          transport=options.openai_transport)
+        return Policy(spec, "text", lambda task_id: chat.complete, closers=[chat.aclose],
+                      notes=[f"openai: greedy chat completions from {base_url} (model {model}); text-level "
+                             "(the reply text is what the environment steps with)"])
+    raise PolicyError(f"unknown policy kind {kind!r} in {spec!r}; expected hf, vllm or openai")

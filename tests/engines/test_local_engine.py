@@ -1,0 +1,198 @@
+"""The local engine: data order, seeded HF generation, the PPO update, and exact resume."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from env_service.vocab import CATEGORIES
+from seal import recipe as C
+from seal.engines.batching import compute_grpo_advantages, rollouts_to_dataproto
+from seal.engines.local import engine as E
+from seal.rollout.codec import EOS_TOKEN_ID, PAD_TOKEN_ID
+from seal.rollout.types import Generation, Rollout, SamplingParams
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN = REPO / "data" / "bfcl_train.parquet"
+# Two short training tasks (2 turns each) with different first questions, so a scripted policy can
+# tell them apart from the prompt.
+TASKS = ["multi_turn_base_100", "multi_turn_long_context_144"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny random Qwen2 + the offline Qwen2.5 tokenizer on disk."""
+    from seal.tiny_model import build_tiny_qwen2
+
+    return build_tiny_qwen2(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def test_load_tasks_round_robin_and_epoch_order():
+    tasks = E.load_tasks(TRAIN, limit=6)
+    assert [t.category for t in tasks[:4]] == list(CATEGORIES) and tasks[4].category == CATEGORIES[0]
+    assert len(E.load_tasks(TRAIN)) == 400
+    first, again = E.epoch_order(400, 0, 1, True), E.epoch_order(400, 0, 1, True)
+    second = E.epoch_order(400, 1, 1, True)
+    assert first == again and first != second and sorted(first) == list(range(400))
+    assert E.epoch_order(5, 3, 1, False) == [0, 1, 2, 3, 4]
+    cfg = C.load_config(REPO / "exp" / "SEAL.yaml")
+    all_tasks = E.load_tasks(TRAIN)
+    epoch, index, batch = E.step_tasks(all_tasks, 13, cfg)  # 12 steps per epoch: step 13 opens epoch 1
+    assert (epoch, index, len(batch)) == (1, 0, 32)
+    seen = {t.task_id for s in range(1, 13) for t in E.step_tasks(all_tasks, s, cfg)[2]}
+    assert len(seen) == 384  # one epoch = 12 disjoint batches (drop_last: 16 tasks wait)
+    with pytest.raises(FileNotFoundError):
+        E.load_tasks(REPO / "data" / "nope.parquet")
+
+
+def test_hf_generator_is_seeded_and_keeps_tokens(tiny):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny)
+    model = AutoModelForCausalLM.from_pretrained(tiny).eval()
+    gen = E.HFGenerator(model, tok, torch.device("cpu"))
+    assert gen.stop_ids == sorted({EOS_TOKEN_ID, PAD_TOKEN_ID})
+    prompt = tok.encode("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n")
+    sample = SamplingParams(temperature=1.0, max_tokens=12, seed=5)
+    a, b = gen.generate_sync(prompt, sample), gen.generate_sync(prompt, sample)
+    c = gen.generate_sync(prompt, SamplingParams(temperature=1.0, max_tokens=12, seed=6))
+    assert a == b and a.token_ids != c.token_ids
+    assert 0 < len(a.token_ids) <= 12
+    assert a.finish_reason == ("stop" if a.token_ids[-1] in gen.stop_ids else "length")
+    greedy = SamplingParams(temperature=0.0, max_tokens=8)
+    g1, g2 = gen.generate_sync(prompt, greedy), gen.generate_sync(prompt, greedy)
+    with torch.no_grad():  # greedy = argmax of the model's next-token logits
+        first = model(torch.tensor([prompt])).logits[0, -1].argmax().item()
+    assert g1 == g2 and g1.token_ids[0] == first
+
+
+def _rollout(tok, reward: float, text: str) -> Rollout:
+    prompt = tok.encode("<|im_start|>user\nadd two numbers<|im_end|>\n<|im_start|>assistant\n")
+    response = tok.encode(text) + [EOS_TOKEN_ID]
+    return Rollout(task_id="multi_turn_base_1", mode="train", prompt_ids=prompt, response_ids=response,
+                   response_mask=[1] * len(response), reward=reward, accuracy=reward, category="multi_turn_base",
+                   failure_tags=["pass"] if reward else ["state_mismatch"])
+
+
+def _update_once(tiny, rewards: tuple[float, float]):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny)
+    model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
+    ref = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval().requires_grad_(False)
+    cfg = C.load_config(REPO / "exp" / "tiny_cpu.yaml", ["actor.lr=0.01", "actor.weight_decay=0",
+                                                           "actor.ppo_mini_batch_size=4"])
+    first, second = _rollout(tok, rewards[0], "The sum is 5."), _rollout(tok, rewards[1], "I refuse.")
+    data = rollouts_to_dataproto([first, second, first, second], PAD_TOKEN_ID)
+    compute_grpo_advantages(data)
+    before = E.batch_logprobs(model, data, 1, torch.device("cpu"), 1.0, None).sum(-1)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.0)
+    metrics = E.ppo_update(model, ref, opt, data, cfg, torch.device("cpu"))
+    after = E.batch_logprobs(model, data, 1, torch.device("cpu"), 1.0, None).sum(-1)
+    adv, mask = data.batch["advantages"], data.batch["response_mask"]
+    metrics["expected_pg_loss"] = float(-(adv * mask).sum() / mask.sum())  # ratio 1: token-mean of -A
+    return (after[0] - after[1]) - (before[0] - before[1]), metrics
+
+
+def test_ppo_update_moves_probability_towards_the_better_response(tiny):
+    # The sequence with the positive advantage gains log-probability relative to the other one,
+    # whichever of the two it is.
+    gain, metrics = _update_once(tiny, (1.0, 0.0))
+    flipped, _ = _update_once(tiny, (0.0, 1.0))
+    assert gain > 0.5 and flipped < -0.5
+    assert metrics["actor/grad_norm"] > 0 and metrics["actor/num_mini_batches"] == 1
+    assert metrics["actor/pg_loss"] == pytest.approx(metrics["expected_pg_loss"], abs=1e-5)
+    assert metrics["actor/kl_loss"] == pytest.approx(0.0, abs=1e-6)  # the policy equals the reference
+    assert {"actor/pg_clipfrac", "actor/ppo_kl", "actor/lr", "actor/kl_coef"} <= set(metrics)
+
+
+# --------------------------------------------------------------------------- exact resume
+class ScriptedPolicy:
+    """Deterministic `generate`: replays the task's ground truth when the episode seed is even (the
+    episode succeeds), answers in plain text when it is odd (it fails). Consecutive requests get
+    consecutive seeds, so every GRPO group of 2 holds one success and one failure."""
+
+    def __init__(self, tok):
+        from env_service.tasks import ground_truth_replies
+
+        frame = pd.read_parquet(TRAIN)
+        ids = frame.extra_info.map(lambda e: e["task_id"])
+        self.tok = tok
+        self.questions = {t: frame[ids == t].iloc[0].prompt[0]["content"] for t in TASKS}
+        assert len(set(self.questions.values())) == len(TASKS)
+        self.scripts = {}
+        for task in TASKS:
+            self.scripts[task] = [tok.encode(t, add_special_tokens=False) + [EOS_TOKEN_ID]
+                                  for t in ground_truth_replies(task)]
+        self.fail = tok.encode("Sorry, I cannot do that.", add_special_tokens=False) + [EOS_TOKEN_ID]
+
+    async def __call__(self, prompt_ids, params):
+        text = self.tok.decode(prompt_ids)
+        task = next(t for t, q in self.questions.items() if q in text)
+        if params.seed % 2:
+            return Generation(list(self.fail), "stop")
+        k = text.count("<|im_start|>assistant") - 1  # model calls so far in this episode
+        script = self.scripts[task]
+        return Generation(list(script[min(k, len(script) - 1)]), "stop")
+
+
+def _resume_cfg(tmp_path: Path, tiny: Path, url: str):
+    rows = [{"data_source": t.rsplit("_", 1)[0], "extra_info": {"task_id": t, "category": t.rsplit("_", 1)[0]}}
+            for t in TASKS]
+    pd.DataFrame(rows).to_parquet(tmp_path / "tasks.parquet")
+    return C.load_config(REPO / "exp" / "tiny_cpu.yaml", [
+        f"model.path={tiny}", "model.build_tiny=false", f"env.urls=[{url}]", f"run_root={tmp_path}",
+        f"data.train_files={tmp_path / 'tasks.parquet'}", f"data.val_files={tmp_path / 'tasks.parquet'}",
+        "data.max_train_tasks=null", "data.max_val_tasks=null", "data.train_batch_size=2",
+        "data.max_response_length=512", "actor.ppo_mini_batch_size=1", "actor.use_kl_loss=false",
+        "actor.lr=1e-3", "trainer.total_training_steps=2", "trainer.val_before_train=false",
+        "trainer.test_freq=0", "trainer.save_freq=1",
+        # thresholds low enough for this small batch, so cues and error feedback move
+        "seal.interface.min_tag_count=1", "seal.interface.error_min_count=1",
+    ])
+
+
+def _state(run: Path, step: int) -> dict:
+    return json.loads((run / "checkpoints" / f"step_{step}" / "seal_state.json").read_text())
+
+
+def test_resume_continues_exactly(tmp_path, tiny, service_url):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny)
+    cfg = _resume_cfg(tmp_path, tiny, service_url)
+    factory = lambda model, tokenizer, device: ScriptedPolicy(tok)  # noqa: E731
+    full = C.run_dir(cfg)
+    E.train(cfg, full, generate_factory=factory)
+    rows = [json.loads(line) for line in (full / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[0]["train/accuracy_mean"] == 0.5 and rows[0]["apatch/scaled_count"] == 4
+    assert rows[0]["actor/grad_norm"] > 0  # mixed groups: non-zero advantages reach the model
+
+    # Crash after step 1's checkpoint: the resumed run must reproduce step 2 exactly.
+    resumed = tmp_path / "resumed"
+    shutil.copytree(full, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step_2")
+    (resumed / "checkpoints" / "latest.json").write_text(json.dumps({"step": 1, "path": "checkpoints/step_1"}))
+    E.train(cfg, resumed, generate_factory=factory)
+
+    a, b = _state(full, 2), _state(resumed, 2)
+    assert a["capability"]["observe_count"] == 8 and a["last_step"] == 2
+    assert b["capability"] == a["capability"]  # statistics, windows, dynamic weights, per-task records
+    assert b["capability"]["dynamic_weights"] == a["capability"]["dynamic_weights"]
+    assert b["omega"] == a["omega"] and b["run_id"] == a["run_id"]
+    assert a["capability"]["dynamic_weights"] != _state(full, 1)["capability"]["dynamic_weights"]
+    from safetensors.torch import load_file
+
+    wa = load_file(full / "checkpoints" / "step_2" / "model.safetensors")
+    wb = load_file(resumed / "checkpoints" / "step_2" / "model.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    rows_b = [json.loads(line) for line in (resumed / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows_b] == [1, 2]
+    same = {k: v for k, v in rows[1].items() if not k.startswith("timing/")}
+    assert {k: v for k, v in rows_b[1].items() if not k.startswith("timing/")} == same
