@@ -38,7 +38,7 @@ from typing import Any
 
 from env_service.vocab import EXCLUDED_TAGS, PASS, category_of
 from seal.core.config_parsing import apply_release_zero_fallback, config_from_mapping
-from seal.core.profile import FailureProfile, failure_profile
+from seal.core.profile import BucketStat, FailureProfile, failure_profile
 from seal.core.weights import UNKNOWN_TAG, check_vocabulary, reply_field
 from seal.core.weights import base_weights as base_weight_table
 from seal.io_utils import write_json_atomic
@@ -83,24 +83,6 @@ class DynamicWeightConfig:
     def from_dict(cls, data: Mapping[str, Any] | None) -> DynamicWeightConfig:
         """Build from a mapping (dict / OmegaConf). Unknown keys raise; explicit zeros stay zeros."""
         return config_from_mapping(cls, data)
-
-
-@dataclass(frozen=True)
-class BucketStat:
-    """Accumulated statistics of one bucket key."""
-
-    count: float
-    success: float
-    reward_sum: float
-    partial_count: float  # occurrences with 0 < reward < 1 (dense reward modes)
-
-    @property
-    def reward_mean(self) -> float:
-        return self.reward_sum / self.count if self.count else 0.0
-
-    @property
-    def success_rate(self) -> float:
-        return self.success / self.count if self.count else 0.0
 
 
 @dataclass(frozen=True)

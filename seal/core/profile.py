@@ -23,12 +23,37 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from env_service.vocab import EXCLUDED_TAGS
 
-if TYPE_CHECKING:
-    from seal.core.capability import BucketStat, CapabilityState
+
+@dataclass(frozen=True)
+class BucketStat:
+    """Accumulated statistics of one bucket key."""
+
+    count: float
+    success: float
+    reward_sum: float
+    partial_count: float  # occurrences with 0 < reward < 1 (dense reward modes)
+
+    @property
+    def reward_mean(self) -> float:
+        return self.reward_sum / self.count if self.count else 0.0
+
+    @property
+    def success_rate(self) -> float:
+        return self.success / self.count if self.count else 0.0
+
+
+class BucketSource(Protocol):
+    """What C_t is computed from: the capability state's buckets (``CapabilityState`` is one).
+
+    A protocol rather than an import keeps this module free of a cycle with ``seal.core.capability``.
+    """
+
+    def bucket(self, name: str, window: bool) -> Mapping[str, BucketStat]: ...
+
 
 SOURCES = ("window", "total")
 
@@ -103,7 +128,7 @@ def tag_profiles(stats: Mapping[str, BucketStat]) -> tuple[dict[str, TagProfile]
     return tags, int(total), int(excluded)
 
 
-def failure_profile(state: CapabilityState, source: str = "window") -> FailureProfile:
+def failure_profile(state: BucketSource, source: str = "window") -> FailureProfile:
     """C_t from ``state``. ``source="window"`` uses the current window and falls back to the run totals
     when the window holds no tag yet (release behaviour, reference §6.3); ``"total"`` uses the totals."""
     if source not in SOURCES:

@@ -1,0 +1,141 @@
+"""The package layout's rules, checked on the source (docs/layout.md).
+
+* `seal.core` (the SEAL method) imports nothing from the engines, evaluation, reporting, rollout or
+  the recipe loader: it is pure code both engines call.
+* No import cycle between project modules. Every import counts — module level, inside functions and
+  under `if TYPE_CHECKING:` — because a type-only cycle still couples two modules.
+* At most 8 modules at `seal/`'s top level (the rest lives in packages named for their concepts).
+* No `sys.path` edits outside the tests: scripts and entry points rely on the installed package.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("seal", "env_service")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def project_modules() -> dict[str, Path]:
+    return {_module_name(p): p for pkg in PACKAGES for p in sorted((REPO / pkg).rglob("*.py"))}
+
+
+def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
+    """Project modules that `module` imports anywhere in its source (including type-only imports)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    out: set[str] = set()
+
+    def add(name: str) -> None:
+        # `from a.b import c` may name the module a.b.c or a name in a.b: take the longest known module.
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        if name:
+            out.add(name)
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(module, path.name == "__init__.py", node)
+            for alias in node.names:
+                add(f"{base}.{alias.name}")
+    out.discard(module)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    mods = project_modules()
+    known = set(mods)
+    return {m: imports_of(m, p, known) for m, p in mods.items()}
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles():
+    cycles = find_cycles(import_graph())
+    assert cycles == [], f"import cycles between project modules: {cycles}"
+
+
+def test_core_is_pure():
+    forbidden = ("seal.engines", "seal.eval", "seal.report", "seal.rollout", "seal.recipe", "seal.evaluate",
+                 "seal.logging_utils", "seal.tiny_model", "seal.run_dir")
+    bad = {m: sorted(d for d in deps if d.startswith(forbidden))
+           for m, deps in import_graph().items() if m.startswith("seal.core")}
+    bad = {m: d for m, d in bad.items() if d}
+    assert bad == {}, f"seal.core must not import engines, evaluation, reporting, rollout or recipe code: {bad}"
+
+
+def test_at_most_eight_top_level_modules():
+    top = sorted(p.name for p in (REPO / "seal").glob("*.py"))
+    assert len(top) <= 8, f"seal/ has {len(top)} top-level modules: {top}"
+
+
+def test_no_sys_path_edits_outside_tests():
+    offenders = []
+    sources = [*REPO.glob("*.py"), *(p for d in ("seal", "env_service", "scripts") for p in (REPO / d).rglob("*.py"))]
+    for path in sources:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name)
+                    and node.value.id == "sys"):
+                offenders.append(str(path.relative_to(REPO)))
+                break
+    # Reading sys.path is harmless, but nothing here needs to: any use is reported.
+    assert offenders == [], f"sys.path used outside the tests: {offenders}"
+
+
+def test_the_cycle_finder_finds_cycles():
+    # The check above is only as good as its cycle finder.
+    assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert find_cycles({"a": {"b"}, "b": set()}) == []
