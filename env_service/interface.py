@@ -1,7 +1,7 @@
 """Renderer of the train-only observation interface Ω_t (paper §Method, "Interface evolution").
 
-The trainer decides Ω_t from the capability state and sends it, as plain JSON, with every training
-episode (ARCHITECTURE.md, "Train-only interface Ω_t")::
+The trainer decides Ω_t from the capability state and sends it, as JSON, with every training
+episode; its model, rules and limits are ``env_service.protocol.Interface`` (docs/protocol.md)::
 
     {"version": int,
      "schema": {"required": bool, "enum": bool, "types": bool, "hide_optional": bool},
@@ -12,7 +12,8 @@ Every key is optional; a missing key (or ``null``) means "off", and ``{}`` / ``N
 interface. This module only *renders* what it is sent; it holds no state and imports nothing from
 the web layer, so the episode code can call it directly:
 
-* ``parse_interface`` — strict validation (``InterfaceError`` -> HTTP 422).
+* ``parse_interface`` — the create request's ``interface`` field through the protocol's Ω model
+  (``InterfaceError`` -> HTTP 422).
 * φ_schema — ``annotate_tools`` (tool-doc annotations) and ``schema_instruction`` (one system-prompt
   line).
 * φ_err — ``error_feedback`` (a recovery hint appended to a parse / availability / tool error
@@ -25,8 +26,8 @@ trajectories): annotations are computed only from the tool docs the caller passe
 docs or ground truth); error hints are computed only from the error text, the name the model itself
 called and the list of currently available tool names the caller passes.
 
-The wording of every marker, instruction and hint is ours; the release's strings are documented in
-the reference (§2.8–2.10) and deliberately not reused. Differences from the release: docs/interface.md.
+The wording of every marker, instruction and hint is ours; the release's strings are deliberately not
+reused. Differences from the release: docs/interface.md.
 """
 
 from __future__ import annotations
@@ -35,9 +36,25 @@ import copy
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from env_service.protocol import (  # noqa: F401  (re-exported: Ω's model and limits, defined once in protocol)
+    CUE_KEYS,
+    INTERFACE_KEYS,
+    MAX_CUE_TAG_CHARS,
+    MAX_CUE_TEXT_CHARS,
+    MAX_CUES,
+    RAW_INTERFACE,
+    SCHEMA_KEYS,
+    Cue,
+    Interface,
+    InterfaceError,
+    InterfaceTypeError,
+    SchemaSwitches,
+    parse_cue,
+    parse_omega,
+    parse_schema,
+)
 from env_service.tool_errors import (  # noqa: F401  (re-exported: the renderer's public API)
     MAX_LITERAL_PARSE_CHARS,
     TOOL_ERROR_FAMILIES,
@@ -46,18 +63,9 @@ from env_service.tool_errors import (  # noqa: F401  (re-exported: the renderer'
 )
 from env_service.vocab import PARSE_ERROR, STEP_ERROR_TYPES, TOOL_ERROR, UNAVAILABLE_TOOL
 
-# --- limits (ours: keep the system prompt bounded whatever the trainer sends) -----------------------
-MAX_CUES = 8  # cue lines per interface
-MAX_CUE_TEXT_CHARS = 300  # characters per cue text
-MAX_CUE_TAG_CHARS = 64  # characters per cue tag
+# --- limits (ours: keep the system prompt bounded whatever the trainer sends; Ω's own are in protocol) --
 MAX_LISTED_TOOLS = 12  # tool names listed in an unavailable-tool hint (release: max_tool_names=12)
 MAX_ECHOED_NAME_CHARS = 64  # a model-chosen name echoed back in a hint is cut to this length
-
-SCHEMA_KEYS: tuple[str, ...] = ("required", "enum", "types", "hide_optional")
-INTERFACE_KEYS: tuple[str, ...] = ("version", "schema", "error_feedback", "cues")
-CUE_KEYS: tuple[str, ...] = ("tag", "text")
-_CUE_TAG_RE = re.compile(r"^[A-Za-z0-9_.:\-]+$")
-_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
 # --- markers appended to parameter descriptions by φ_schema (our wording) ---------------------------
 REQUIRED_MARKER = "(required)"
@@ -71,165 +79,14 @@ CUE_HEADER = "# Points to keep in mind while using the tools:"
 HINT_PREFIX = "Hint:"
 
 
-class InterfaceError(ValueError):
-    """A malformed interface spec (the service answers 422 with this message)."""
-
-
-# =====================================================================================================
-# Interface spec
-# =====================================================================================================
-
-
-@dataclass(frozen=True)
-class SchemaSwitches:
-    """φ_schema switches. Defaults are all off (= raw docs).
-
-    required: mark required parameters (release default on in SEAL.yaml).
-    enum: state the accepted values of enum-like parameters (release: only structured ``enum`` lists,
-        which BFCL multi-turn docs never have; ours: also the enums written in description text).
-    types: state each parameter's declared type (release option, off in SEAL.yaml).
-    hide_optional: drop parameters that are not required (release option, off in SEAL.yaml; note that
-        544 of the 4,625 BFCL multi-turn ground-truth calls use an optional parameter).
-    """
-
-    required: bool = False
-    enum: bool = False
-    types: bool = False
-    hide_optional: bool = False
-
-    @property
-    def any_on(self) -> bool:
-        return self.required or self.enum or self.types or self.hide_optional
-
-    def to_dict(self) -> dict[str, bool]:
-        return {k: getattr(self, k) for k in SCHEMA_KEYS}
-
-
-@dataclass(frozen=True)
-class Cue:
-    """One φ_cap line: the failure tag that selected it (for logs) and the text shown to the model."""
-
-    tag: str
-    text: str
-
-
-@dataclass(frozen=True)
-class Interface:
-    """A validated Ω_t. Build it with ``parse_interface``."""
-
-    version: int = 0
-    schema: SchemaSwitches = SchemaSwitches()
-    error_feedback: bool = False
-    cues: tuple[Cue, ...] = ()
-
-    @property
-    def is_raw(self) -> bool:
-        """True when the interface changes nothing the model sees (``version`` alone changes nothing)."""
-        return not (self.schema.any_on or self.error_feedback or self.cues)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "version": self.version,
-            "schema": self.schema.to_dict(),
-            "error_feedback": self.error_feedback,
-            "cues": [{"tag": c.tag, "text": c.text} for c in self.cues],
-        }
-
-
-RAW_INTERFACE = Interface()
-
-
-def _check_keys(obj: Mapping[str, Any], allowed: tuple[str, ...], where: str) -> None:
-    for key in obj:
-        if not isinstance(key, str):
-            raise InterfaceError(f"{where}: keys must be strings, got {key!r}")
-    unknown = sorted(set(obj) - set(allowed))
-    if unknown:
-        raise InterfaceError(f"{where}: unknown key(s) {unknown}; allowed: {list(allowed)}")
-
-
-def _as_bool(value: Any, where: str) -> bool:
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise InterfaceError(f"{where} must be a boolean, got {type(value).__name__}")
-    return value
-
-
-def parse_schema(obj: Any) -> SchemaSwitches:
-    """Validate the ``schema`` part of an interface (a mapping of the four switches, or None)."""
-    if obj is None:
-        return SchemaSwitches()
-    if isinstance(obj, SchemaSwitches):
-        return obj
-    if not isinstance(obj, Mapping):
-        raise InterfaceError(f"interface.schema must be an object, got {type(obj).__name__}")
-    _check_keys(obj, SCHEMA_KEYS, "interface.schema")
-    return SchemaSwitches(**{k: _as_bool(obj.get(k), f"interface.schema.{k}") for k in SCHEMA_KEYS})
-
-
-def _parse_cue(obj: Any, index: int) -> Cue:
-    where = f"interface.cues[{index}]"
-    if not isinstance(obj, Mapping):
-        raise InterfaceError(f"{where} must be an object with 'tag' and 'text', got {type(obj).__name__}")
-    _check_keys(obj, CUE_KEYS, where)
-    tag, text = obj.get("tag"), obj.get("text")
-    if not isinstance(tag, str) or not tag:
-        raise InterfaceError(f"{where}.tag must be a non-empty string")
-    if len(tag) > MAX_CUE_TAG_CHARS or not _CUE_TAG_RE.match(tag):
-        raise InterfaceError(
-            f"{where}.tag must be at most {MAX_CUE_TAG_CHARS} characters of [A-Za-z0-9_.:-], got {tag!r}"
-        )
-    if not isinstance(text, str) or not text.strip():
-        raise InterfaceError(f"{where}.text must be a non-empty string")
-    text = text.strip()
-    if len(text) > MAX_CUE_TEXT_CHARS:
-        raise InterfaceError(f"{where}.text has {len(text)} characters; the limit is {MAX_CUE_TEXT_CHARS}")
-    # A cue renders as one "- <text>" line: a line break or control character could forge prompt
-    # structure, so it is refused rather than silently rewritten.
-    if _CONTROL_RE.search(text):
-        raise InterfaceError(f"{where}.text must be a single line without control characters")
-    return Cue(tag=tag, text=text)
-
-
 def parse_interface(obj: Any) -> Interface:
-    """Validate an interface spec (JSON object, ``None`` or an ``Interface``) into an ``Interface``.
+    """Validate the ``interface`` field of a create request into an ``Interface``.
 
-    Raises ``InterfaceError`` (a ``ValueError``) naming the offending field for: a non-object spec,
-    unknown keys (top level, ``schema``, cues), non-boolean switches, a negative or non-integer
-    ``version``, more than ``MAX_CUES`` cues, or a cue whose tag/text is empty, too long or multi-line.
-    ``null`` values count as missing.
+    ``None`` (no interface sent) is the raw interface; anything else must be Ω and goes through the protocol's
+    one rule set (``env_service.protocol.parse_omega``, which the trainer's ``validate_interface`` uses too).
+    Raises ``InterfaceError`` naming the offending field.
     """
-    if obj is None:
-        return RAW_INTERFACE
-    if isinstance(obj, Interface):
-        return obj
-    if not isinstance(obj, Mapping):
-        raise InterfaceError(f"interface must be a JSON object or null, got {type(obj).__name__}")
-    _check_keys(obj, INTERFACE_KEYS, "interface")
-
-    version = obj.get("version")
-    if version is None:
-        version = 0
-    # bool is an int subclass: refuse it explicitly so that `true` is not read as version 1.
-    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-        raise InterfaceError(f"interface.version must be a non-negative integer, got {version!r}")
-
-    cues_obj = obj.get("cues")
-    if cues_obj is None:
-        cues_obj = []
-    if isinstance(cues_obj, (str, bytes)) or not isinstance(cues_obj, Sequence):
-        raise InterfaceError(f"interface.cues must be a list, got {type(cues_obj).__name__}")
-    if len(cues_obj) > MAX_CUES:
-        raise InterfaceError(f"interface.cues has {len(cues_obj)} entries; the limit is {MAX_CUES}")
-    cues = tuple(_parse_cue(c, i) for i, c in enumerate(cues_obj))
-
-    return Interface(
-        version=version,
-        schema=parse_schema(obj.get("schema")),
-        error_feedback=_as_bool(obj.get("error_feedback"), "interface.error_feedback"),
-        cues=cues,
-    )
+    return RAW_INTERFACE if obj is None else parse_omega(obj)
 
 
 # =====================================================================================================
@@ -658,7 +515,7 @@ def error_feedback(
 
 def cue_block(cues: Iterable[Cue | Mapping[str, Any]]) -> str:
     """φ_cap: the header line plus one ``- <text>`` line per cue; "" when there are no cues."""
-    parsed = [c if isinstance(c, Cue) else _parse_cue(c, i) for i, c in enumerate(cues)]
+    parsed = [parse_cue(c, i) for i, c in enumerate(cues)]
     if not parsed:
         return ""
     return "\n".join([CUE_HEADER, *(f"- {c.text}" for c in parsed)])

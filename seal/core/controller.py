@@ -227,9 +227,7 @@ class SealController:
             self.run_id = stored
             self.state.run_id = stored
         self.state.load_state_dict(state["capability"], force=force)
-        omega = dict(state["omega"])
-        validate_interface(omega)
-        self.omega = omega
+        self.omega = validate_interface(dict(state["omega"]))  # the complete form, every key present
         self.training_progress = float(state.get("training_progress", 0.0))
         self.weights_step = state.get("weights_step")
         self.last_step = state.get("last_step")

@@ -4,7 +4,7 @@ The trainer calls ``evolve`` once per training step, after the capability state 
 step's rollouts, and sends the result with the next *training* episodes. Evaluation episodes never
 get an interface (the env service refuses one), so ``evolve`` is never asked for them.
 
-An interface is the plain JSON of ARCHITECTURE.md::
+An interface is the JSON of the protocol's Ω model (``env_service.protocol.Interface``, docs/protocol.md)::
 
     {"version": int,
      "schema": {"required": bool, "enum": bool, "types": bool, "hide_optional": bool},
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from env_service import vocab
-from env_service.interface import MAX_CUE_TEXT_CHARS, MAX_CUES
+from env_service.protocol import MAX_CUE_TEXT_CHARS, MAX_CUES, parse_omega
 from seal.core.config_parsing import apply_release_zero_fallback, config_from_mapping
 from seal.core.profile import FailureProfile
 from seal.core.weights import UNKNOWN_TAG, check_vocabulary, known_tags
@@ -186,25 +186,15 @@ def initial_interface(cfg: EvolveConfig) -> dict[str, Any]:
     return {"version": 0, "schema": _schema(cfg), "error_feedback": cfg.error_feedback == "on", "cues": []}
 
 
-def validate_interface(omega: Mapping[str, Any]) -> None:
-    """Raise ``ValueError`` (``TypeError`` for a non-mapping) unless ``omega`` has the interface shape."""
-    if not isinstance(omega, Mapping):
-        raise TypeError(f"interface must be a mapping, got {type(omega).__name__}")
-    missing = {"version", "schema", "error_feedback", "cues"} - set(omega)
-    if missing:
-        raise ValueError(f"interface lacks {sorted(missing)}")
-    if not isinstance(omega["version"], int) or omega["version"] < 0:
-        raise ValueError(f"interface version must be a non-negative int, got {omega['version']!r}")
-    schema = omega["schema"]
-    if not isinstance(schema, Mapping) or set(schema) != {"required", "enum", "types", "hide_optional"}:
-        raise ValueError(f"interface schema must have required/enum/types/hide_optional, got {schema!r}")
-    if not all(isinstance(v, bool) for v in schema.values()) or not isinstance(omega["error_feedback"], bool):
-        raise ValueError("interface schema switches and error_feedback must be booleans")
-    cues = omega["cues"]
-    if not isinstance(cues, list) or not all(
-        isinstance(c, Mapping) and isinstance(c.get("tag"), str) and isinstance(c.get("text"), str) for c in cues
-    ):
-        raise ValueError(f"interface cues must be a list of {{tag, text}} strings, got {cues!r}")
+def validate_interface(omega: Mapping[str, Any]) -> dict[str, Any]:
+    """Ω through the protocol's one rule set (``env_service.protocol.parse_omega``, which the env service
+    applies to every create request); returns Ω's complete form, every key present.
+
+    A partial Ω is read as the service reads it (a missing key is "off"). A malformed one raises
+    ``InterfaceError`` (a ``ValueError``) with the message the service's 422 would carry; a non-mapping
+    raises ``InterfaceTypeError`` (also a ``TypeError``).
+    """
+    return parse_omega(omega).to_dict()
 
 
 def _error_feedback(omega: Mapping[str, Any], profile: FailureProfile, cfg: EvolveConfig) -> bool:
@@ -253,7 +243,7 @@ def _cue_tags(
 
 def evolve(omega: Mapping[str, Any], profile: FailureProfile, cfg: EvolveConfig) -> dict[str, Any]:
     """Ω_{t+1} from Ω_t and the failure profile C_t. Pure; never for evaluation episodes."""
-    validate_interface(omega)
+    omega = validate_interface(omega)
     texts = cfg.texts()
     content = {
         "schema": _schema(cfg),

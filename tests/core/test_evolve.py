@@ -170,18 +170,32 @@ def test_cue_overrides_and_explicit_zero():
 
 def test_validate_interface_rejects_bad_shapes():
     good = initial_interface(EvolveConfig())
-    validate_interface(good)
+    assert validate_interface(good) == good
     for bad in (
         {**good, "version": -1},
-        {k: v for k, v in good.items() if k != "cues"},
-        {**good, "schema": {"required": True}},
+        {**good, "version": True},
+        {**good, "schema": {"required": True, "enums": True}},
         {**good, "error_feedback": "yes"},
         {**good, "cues": [{"tag": STATE}]},
+        {**good, "cues": [{"tag": STATE, "text": "two\nlines"}]},
     ):
         with pytest.raises(ValueError):
             validate_interface(bad)
     with pytest.raises(TypeError):
         validate_interface([])
+
+
+def test_validate_interface_reads_a_partial_interface_as_the_service_does():
+    # One rule set with env_service (protocol.parse_omega): a missing key is "off", and the trainer keeps
+    # the complete form, so evolve and the metrics always find every key.
+    good = initial_interface(EvolveConfig())
+    assert validate_interface({k: v for k, v in good.items() if k != "cues"}) == good
+    assert validate_interface({**good, "schema": {"required": True}})["schema"] == {
+        "required": True, "enum": False, "types": False, "hide_optional": False}
+    assert validate_interface({}) == {"version": 0, "error_feedback": False, "cues": [],
+                                      "schema": dict.fromkeys(("required", "enum", "types", "hide_optional"), False)}
+    cfg = EvolveConfig(cues=False, error_feedback="off")
+    assert evolve({"version": 2}, profile(), cfg) == {**initial_interface(cfg), "version": 3}
 
 
 def test_interface_metrics():
