@@ -1,9 +1,15 @@
-"""The HTTP service (FastAPI): ARCHITECTURE's wire protocol over an ``EpisodeStore``.
+"""The HTTP service (FastAPI): the wire protocol of ``env_service.protocol`` (docs/protocol.md) over an
+``EpisodeStore``.
+
+Request bodies are validated with the protocol's request models and every reply goes out through its reply
+model, so what the service answers is what the client's models parse. Bodies are read and parsed here rather
+than by FastAPI's dependency machinery, which costs more per request than the whole model validation.
 
 Every handler runs on the event loop without awaiting in the middle of an episode operation, so a step is
 atomic with respect to other requests; tool execution and grading are pure CPU work of a few milliseconds.
-Every error is JSON ``{"error": {"code", "message"}}`` with a 4xx status; an unexpected exception inside one
-request becomes a 500 with a short message (no traceback) and the service keeps serving.
+Every error is JSON ``{"error": {"code", "message"}}`` with the status of its code (``protocol.ERROR_STATUS``);
+an unexpected exception inside one request becomes a 500 with a short message (no traceback) and the service
+keeps serving.
 """
 
 from __future__ import annotations
@@ -11,71 +17,60 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import json
 import logging
 import os
 import re
 import uuid
-from typing import Any, Literal
+from typing import Any, TypeVar
 
 import psutil
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from env_service import interface as iface
+from env_service import protocol as p
 from env_service.config import ServiceConfig, StepLimit
 from env_service.episode import Episode, EpisodeStateError
 from env_service.tasks import load_split, load_tasks, split_ids
 
 log = logging.getLogger("env_service")
-EPISODE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+EPISODE_ID = re.compile(p.EPISODE_ID_PATTERN)
+_STARLETTE_CODES = {404: "not_found", 405: "method_not_allowed"}
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
+    """An error reply; its status comes from the code (``protocol.ERROR_STATUS``)."""
+
+    def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
-        self.status, self.code, self.message = status, code, message
+        self.status, self.code, self.message = p.ERROR_STATUS[code], code, message
 
 
-class StepLimitBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    scope: Literal["episode", "turn"] = "episode"
-    max_steps: int = Field(20, ge=1, le=1000)
-
-
-class CreateRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    task_id: str = Field(max_length=200)
-    mode: Literal["train", "eval"] = "train"
-    interface: dict[str, Any] | None = None
-    episode_id: str | None = None
-    step_limit: StepLimitBody | None = None
-
-
-class StepRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    content: str
-
-
-def _json(payload: Any, status: int = 200) -> Response:
-    return Response(json.dumps(payload), status_code=status, media_type="application/json")
+def _reply(model: type[M], payload: Any, status: int = 200) -> Response:
+    # Validating the service's own payload is the contract check of the protocol (a drifted field is a 500
+    # here, not a confused client); it costs microseconds per reply.
+    body = model.model_validate(payload).model_dump_json()
+    return Response(body, status_code=status, media_type="application/json")
 
 
 def _error(status: int, code: str, message: str) -> Response:
-    return _json({"error": {"code": code, "message": message}}, status)
+    body = p.ErrorReply(error=p.ErrorBody(code=code, message=message)).model_dump_json()
+    return Response(body, status_code=status, media_type="application/json")
 
 
-def _parse(model: type[BaseModel], body: bytes) -> Any:
+def _parse(model: type[M], body: bytes) -> M:
     try:
         return model.model_validate_json(body or b"{}")
     except ValidationError as exc:
         errors = exc.errors(include_url=False, include_context=False, include_input=False)
         if any(e["type"] == "json_invalid" for e in errors):
-            raise ApiError(400, "malformed_json", "request body is not valid JSON") from None
+            raise ApiError("malformed_json", "request body is not valid JSON") from None
         detail = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in errors[:5])
-        raise ApiError(422, "invalid_request", detail) from None
+        raise ApiError("invalid_request", detail) from None
 
 
 class Gate:
@@ -104,7 +99,7 @@ class Gate:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.limit:
-                    raise ApiError(413, "body_too_large", f"request body exceeds {self.limit} bytes")
+                    raise ApiError("body_too_large", f"request body exceeds {self.limit} bytes")
             return message
 
         return await self.app(scope, limited_receive, send)
@@ -146,7 +141,7 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_request: Request, exc: StarletteHTTPException) -> Response:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        code = _STARLETTE_CODES.get(exc.status_code, p.HTTP_ERROR)
         return _error(exc.status_code, code, str(exc.detail))
 
     @app.exception_handler(Exception)
@@ -157,12 +152,12 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
     def episode_or_404(episode_id: str) -> Episode:
         episode = store.get(episode_id)
         if episode is None:
-            raise ApiError(404, "unknown_episode", f"no open episode {episode_id!r} (finished, deleted or expired)")
+            raise ApiError("unknown_episode", f"no open episode {episode_id!r} (finished, deleted or expired)")
         return episode
 
     @app.get("/healthz")
     async def healthz() -> Response:
-        return _json({"status": "ok", "tasks": len(tasks)})
+        return _reply(p.HealthReply, {"status": "ok", "tasks": len(tasks)})
 
     @app.get("/tasks")
     async def list_tasks(request: Request) -> Response:
@@ -170,12 +165,13 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
         try:
             ids = split_ids(name, config.split_file) if name != "all" else list(tasks)
         except ValueError as exc:
-            raise ApiError(400, "unknown_split", str(exc)) from None
-        return _json({"task_ids": ids})
+            raise ApiError("unknown_split", str(exc)) from None
+        return _reply(p.TasksReply, {"task_ids": ids})
 
     @app.get("/stats")
     async def stats() -> Response:
-        return _json(
+        return _reply(
+            p.StatsReply,
             {
                 "open_episodes": len(store),
                 "expired_total": store.expired_total,
@@ -187,30 +183,31 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
 
     @app.post("/episodes")
     async def create_episode(request: Request) -> Response:
-        req: CreateRequest = _parse(CreateRequest, await request.body())
+        req = _parse(p.CreateRequest, await request.body())
         task = tasks.get(req.task_id)
         if task is None:
-            raise ApiError(404, "unknown_task", f"no task {req.task_id!r}")
+            raise ApiError("unknown_task", f"no task {req.task_id!r}")
         if req.mode == "eval" and req.interface:
-            raise ApiError(400, "interface_in_eval", "evaluation episodes always use the raw interface")
+            raise ApiError("interface_in_eval", "evaluation episodes always use the raw interface")
         try:
             interface = iface.parse_interface(req.interface)
         except iface.InterfaceError as exc:
-            raise ApiError(422, "invalid_interface", str(exc)) from None
+            raise ApiError("invalid_interface", str(exc)) from None
         episode_id = req.episode_id or uuid.uuid4().hex
         if not EPISODE_ID.match(episode_id):
-            raise ApiError(422, "invalid_episode_id", "episode_id must match [A-Za-z0-9_.-]{1,128}")
+            raise ApiError("invalid_episode_id", "episode_id must match [A-Za-z0-9_.-]{1,128}")
         if episode_id in store:
-            raise ApiError(409, "episode_exists", f"episode {episode_id!r} already exists")
+            raise ApiError("episode_exists", f"episode {episode_id!r} already exists")
         if store.full():
             store.expire()
             if store.full():
-                raise ApiError(503, "too_many_episodes", f"{len(store)} episodes open; delete finished ones")
+                raise ApiError("too_many_episodes", f"{len(store)} episodes open; delete finished ones")
         limit = StepLimit(**req.step_limit.model_dump()) if req.step_limit else None
         episode = Episode(episode_id, task, req.mode, interface, config.episode, limit)
         store.add(episode)
         counters["created"] += 1
-        return _json(
+        return _reply(
+            p.CreateReply,
             {
                 "episode_id": episode_id,
                 "messages": episode.initial_messages(),
@@ -231,12 +228,12 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
 
     @app.post("/episodes/{episode_id}/step")
     async def step_episode(episode_id: str, request: Request) -> Response:
-        req: StepRequest = _parse(StepRequest, await request.body())
+        req = _parse(p.StepRequest, await request.body())
         episode = episode_or_404(episode_id)
         try:
-            return _json(episode.step(req.content))
+            return _reply(p.StepReply, episode.step(req.content))
         except EpisodeStateError as exc:
-            raise ApiError(409, "episode_finished", str(exc)) from None
+            raise ApiError("episode_finished", str(exc)) from None
 
     @app.post("/episodes/{episode_id}/evaluate")
     async def evaluate_episode(episode_id: str) -> Response:
@@ -244,12 +241,12 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
         first = episode.result is None
         result = episode.evaluate()
         counters["evaluated"] += first
-        return _json(result)
+        return _reply(p.EvaluateReply, result)
 
     @app.delete("/episodes/{episode_id}")
     async def delete_episode(episode_id: str) -> Response:
         if not store.remove(episode_id):
-            raise ApiError(404, "unknown_episode", f"no open episode {episode_id!r}")
+            raise ApiError("unknown_episode", f"no open episode {episode_id!r}")
         counters["deleted"] += 1
         return Response(status_code=204)
 
