@@ -36,6 +36,7 @@ from pydantic import (
     TypeAdapter,
     ValidationError,
     field_validator,
+    model_validator,
 )
 from pydantic.dataclasses import dataclass
 
@@ -413,6 +414,12 @@ class CreateReply(_Reply):
     tools: list[dict[str, Any]]  # BFCL tool docs (JSON-schema parameters), annotated by φ_schema in training
     info: CreateInfo
 
+    @model_validator(mode="after")
+    def _first_messages(self) -> CreateReply:
+        if [m.role for m in self.messages] != ["system", "user"]:
+            raise ValueError(f"messages must be [system, user], got {[m.role for m in self.messages]}")
+        return self
+
 
 class StepInfo(_Reply):
     error_type: Literal["parse_error", "unavailable_tool", "tool_error"] | None
@@ -427,6 +434,13 @@ class StepReply(_Reply):
     done: bool
     turn: int
     info: StepInfo
+
+    @model_validator(mode="after")
+    def _observation_until_done(self) -> StepReply:
+        # The agent loop stops at done; an episode that is not done always has a next message for the model.
+        if self.observation is None and not self.done:
+            raise ValueError("observation is null but the episode is not done")
+        return self
 
 
 class TurnDiagnosis(_Reply):

@@ -118,12 +118,11 @@ async def run_text_episode(client: Any, agent: Any, task_id: str, *, max_model_c
 async def _text_episode_once(client: Any, agent: Any, task_id: str, max_model_calls: int) -> Rollout:
     out = Rollout(task_id=task_id, mode="eval")
     created = await client.create(task_id, "eval")
-    eid = created["episode_id"]
+    eid = created.episode_id
     out.episode_id = eid
     try:
         out.messages = check_created(created)
-        info = created.get("info") or {}
-        out.category, out.num_turns = info.get("category"), info.get("num_turns")
+        out.category, out.num_turns = created.info.category, created.info.num_turns
         stop_reason = "done"
         while True:
             if out.num_model_calls >= max_model_calls:
@@ -147,18 +146,16 @@ async def _text_episode_once(client: Any, agent: Any, task_id: str, max_model_ca
             obs, done = check_step(step)
             if done or obs is None:
                 break
-            out.messages.append({"role": obs["role"], "content": obs["content"]})
+            out.messages.append({"role": obs.role, "content": obs.content})
         out.stop_reason = stop_reason
         result = await client.evaluate(eid)
-        if not isinstance(result, dict) or "accuracy" not in result:
-            raise PolicyError(f"evaluate reply lacks 'accuracy': {str(result)[:200]}")
-        out.eval_result = result
-        out.accuracy = float(result["accuracy"])
+        out.eval_result = result.model_dump()
+        out.accuracy = result.accuracy
         out.reward = out.accuracy
-        out.progress = result.get("progress")
-        out.failure_tags = list(result.get("failure_tags") or [])
-        out.paper_labels = list(result.get("paper_labels") or [])
-        out.completed = result.get("completed")
+        out.progress = result.progress
+        out.failure_tags = list(result.failure_tags)
+        out.paper_labels = list(result.paper_labels)
+        out.completed = result.completed
         return out
     finally:
         await safe_delete(client, eid)

@@ -1,4 +1,8 @@
-"""Async HTTP client for the BFCL environment service (wire protocol: ARCHITECTURE.md).
+"""Async HTTP client for the BFCL environment service (wire protocol: env_service/protocol.py, docs/protocol.md).
+
+Requests are built from the protocol's request models and every reply is parsed into its reply model: callers
+get typed replies (`CreateReply`, `StepReply`, `EvaluateReply`, ...), and a reply that does not follow the
+protocol raises `EnvProtocolError` (one that is not JSON at all counts as a failed service: `EnvUnavailable`).
 
 One `EnvClient` serves any number of concurrent episodes over a pooled `httpx.AsyncClient` and can
 spread episodes over several service replicas:
@@ -37,10 +41,14 @@ import logging
 import random
 import ssl
 import uuid
-from typing import Any, Self
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Self, TypeVar
 
 import httpx
+from pydantic import BaseModel, ValidationError
 
+from env_service import protocol as p
 from seal.rollout.transport import AiohttpTransport
 
 log = logging.getLogger(__name__)
@@ -72,6 +80,19 @@ class EnvUnavailable(Exception):
         self.attempts = attempts
         self.last_error = last_error
         super().__init__(message)
+
+
+class EnvProtocolError(RuntimeError):
+    """The env service answered with a payload that does not follow the wire protocol."""
+
+
+@dataclass(frozen=True)
+class ServiceHealth:
+    """`EnvClient.health`: "ok" only if every replica says so (else "degraded"); the first replica's task count."""
+
+    status: str
+    tasks: int
+    replicas: list[p.HealthReply]
 
 
 class _Safety(enum.Enum):
@@ -117,14 +138,20 @@ def _error_from(response: httpx.Response) -> EnvClientError:
     return EnvClientError(response.status_code, code, message, response.request.method, str(response.request.url))
 
 
-def _json(response: httpx.Response) -> Any:
+R = TypeVar("R", bound=BaseModel)
+
+
+def _reply(model: type[R], response: httpx.Response) -> R:
     try:
-        return response.json()
-    except ValueError as exc:
-        raise EnvUnavailable(
-            f"{response.request.method} {response.request.url}: reply is not JSON: {response.text[:200]!r}",
-            url=str(response.request.url),
-        ) from exc
+        return model.model_validate_json(response.content)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_context=False, include_input=False)
+        where = f"{response.request.method} {response.request.url}"
+        if any(e["type"] == "json_invalid" for e in errors):
+            raise EnvUnavailable(f"{where}: reply is not JSON: {response.text[:200]!r}", url=str(response.request.url)
+                                 ) from None
+        detail = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in errors[:5])
+        raise EnvProtocolError(f"{where}: reply is not a {model.__name__}: {detail}") from None
 
 
 _TLS: ssl.SSLContext | None = None
@@ -286,32 +313,38 @@ class EnvClient:
         raise AssertionError("unreachable")
 
     # ----------------------------------------------------------------------------- routes
-    async def health(self) -> dict:
-        """`GET /healthz` on every replica: ``{"status", "tasks", "replicas": [per-replica replies]}``.
-
-        `status` is "ok" only if every replica says so; `tasks` is the first replica's count. Raises
-        EnvUnavailable if a replica cannot be reached.
-        """
+    async def health(self) -> ServiceHealth:
+        """`GET /healthz` on every replica. Raises EnvUnavailable if a replica cannot be reached."""
         replies = await asyncio.gather(
             *(self._call("GET", u, "/healthz", None, _Safety.IDEMPOTENT) for u in self.base_urls)
         )
-        payloads = [_json(r) for r in replies]
-        ok = all(isinstance(p, dict) and p.get("status") == "ok" for p in payloads)
-        return {"status": "ok" if ok else "degraded", "tasks": payloads[0].get("tasks"), "replicas": payloads}
+        payloads = [_reply(p.HealthReply, r) for r in replies]
+        ok = all(h.status == "ok" for h in payloads)
+        return ServiceHealth("ok" if ok else "degraded", payloads[0].tasks, payloads)
 
     async def tasks(self, split: str = "all") -> list[str]:
         """`GET /tasks?split=...` -> task ids (all replicas serve the same task set)."""
         if split not in ("train", "eval", "all"):
             raise ValueError(f"split must be train, eval or all, got {split!r}")
         resp = await self._call("GET", self._pick_replica(), f"/tasks?split={split}", None, _Safety.IDEMPOTENT)
-        return list(_json(resp)["task_ids"])
+        return _reply(p.TasksReply, resp).task_ids
 
     async def create(
-        self, task_id: str, mode: str = "train", interface: dict | None = None, episode_id: str | None = None
-    ) -> dict:
-        """`POST /episodes` -> ``{"episode_id", "messages", "tools", "info"}`` (retry rules: module doc)."""
+        self,
+        task_id: str,
+        mode: str = "train",
+        interface: Mapping[str, Any] | p.Interface | None = None,
+        episode_id: str | None = None,
+    ) -> p.CreateReply:
+        """`POST /episodes` -> the episode's id, first messages, tools and info (retry rules: module doc).
+
+        A 201 reply that is not a `CreateReply` raises `EnvProtocolError` after a best-effort delete of the
+        episode it created."""
         if mode not in ("train", "eval"):
             raise ValueError(f"mode must be train or eval, got {mode!r}")
+        if isinstance(interface, p.Interface):
+            interface = interface.to_dict()
+        request = p.CreateRequest(task_id=task_id, mode=mode, interface=interface)
         ours = episode_id is None
         eid = episode_id or uuid.uuid4().hex
         base = self._pick_replica()
@@ -319,19 +352,22 @@ class EnvClient:
         failed: set[str] = set()
         last = ""
         for attempt_no in range(self.max_retries + 1):
-            body: dict[str, Any] = {"task_id": task_id, "mode": mode, "episode_id": eid}
-            if interface is not None:
-                body["interface"] = interface
+            body = request.model_copy(update={"episode_id": eid}).model_dump(exclude_none=True)
             attempt = await self._send("POST", base + "/episodes", body)
             resp = attempt.response
             if resp is not None and resp.status_code < 400:
-                payload = _json(resp)
-                got = payload.get("episode_id")
-                if got != eid:
-                    raise EnvUnavailable(f"service answered episode {got!r} for requested id {eid!r}", url=base)
+                try:
+                    created = _reply(p.CreateReply, resp)
+                except EnvProtocolError:
+                    await self._best_effort_delete(base, eid)
+                    raise
+                if created.episode_id != eid:
+                    raise EnvUnavailable(
+                        f"service answered episode {created.episode_id!r} for requested id {eid!r}", url=base
+                    )
                 self._owner[eid] = base
                 self._live[base] += 1
-                return payload
+                return created
             if resp is not None and resp.status_code == 409 and lost_on == base and ours:
                 # Our own lost attempt created `eid` here; its reply (the initial messages) is gone.
                 log.warning("env create %s: lost attempt created %s; deleting it and starting afresh", base, eid)
@@ -360,19 +396,20 @@ class EnvClient:
             last_error=last,
         )
 
-    async def step(self, episode_id: str, content: str) -> dict:
-        """`POST /episodes/{id}/step` with the raw assistant text -> ``{"observation", "done", "turn", "info"}``."""
+    async def step(self, episode_id: str, content: str) -> p.StepReply:
+        """`POST /episodes/{id}/step` with the raw assistant text -> the observation, done, turn and info."""
         if not isinstance(content, str):
             raise TypeError(f"content must be str, got {type(content).__name__}")
         base = self.replica_of(episode_id)
-        resp = await self._call("POST", base, f"/episodes/{episode_id}/step", {"content": content},
-                                _Safety.NOT_IDEMPOTENT)
-        return _json(resp)
+        body = p.StepRequest(content=content).model_dump()
+        resp = await self._call("POST", base, f"/episodes/{episode_id}/step", body, _Safety.NOT_IDEMPOTENT)
+        return _reply(p.StepReply, resp)
 
-    async def evaluate(self, episode_id: str) -> dict:
+    async def evaluate(self, episode_id: str) -> p.EvaluateReply:
         """`POST /episodes/{id}/evaluate` -> grading + per-turn diagnosis."""
         base = self.replica_of(episode_id)
-        return _json(await self._call("POST", base, f"/episodes/{episode_id}/evaluate", None, _Safety.IDEMPOTENT))
+        resp = await self._call("POST", base, f"/episodes/{episode_id}/evaluate", None, _Safety.IDEMPOTENT)
+        return _reply(p.EvaluateReply, resp)
 
     async def delete(self, episode_id: str) -> None:
         """`DELETE /episodes/{id}`; the client forgets the episode whatever the outcome."""

@@ -26,7 +26,8 @@ from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from seal.rollout.client import EnvClientError, EnvUnavailable
+from env_service.protocol import CreateReply, Message, StepReply
+from seal.rollout.client import EnvClientError, EnvProtocolError, EnvUnavailable
 from seal.rollout.codec import fast_encoder_for
 from seal.rollout.types import (
     GenerateFn,
@@ -46,10 +47,6 @@ OBS_TRUNCATION_MARKER = "\n... [observation truncated] ..."
 
 class TemplateError(RuntimeError):
     """The chat template does not extend a conversation by appending text (token bookkeeping impossible)."""
-
-
-class EnvProtocolError(RuntimeError):
-    """The env service answered with a payload that does not follow the wire protocol."""
 
 
 class ChatCodec:
@@ -172,25 +169,18 @@ class _Exclude(Exception):
         super().__init__(f"{reason}: {detail}")
 
 
-def check_step(step: Any) -> tuple[dict | None, bool]:
-    if not isinstance(step, dict) or not isinstance(step.get("done"), bool):
-        raise EnvProtocolError(f"step reply lacks a boolean 'done': {str(step)[:200]}")
-    obs = step.get("observation")
-    if obs is not None and not (isinstance(obs, dict) and isinstance(obs.get("content"), str)
-                                and isinstance(obs.get("role"), str)):
-        raise EnvProtocolError(f"step observation is not {{role, content}}: {str(obs)[:200]}")
-    if obs is None and not step["done"]:
-        raise EnvProtocolError("step reply has no observation but the episode is not done")
-    return obs, step["done"]
+def check_step(step: StepReply) -> tuple[Message | None, bool]:
+    # The protocol's model has checked the reply (an observation until done); a stand-in client must
+    # return the same type.
+    if not isinstance(step, StepReply):
+        raise EnvProtocolError(f"step reply is not a StepReply: {str(step)[:200]}")
+    return step.observation, step.done
 
 
-def check_created(created: Any) -> list[dict]:
-    msgs = created.get("messages") if isinstance(created, dict) else None
-    if (not isinstance(msgs, list) or len(msgs) != 2
-            or [m.get("role") if isinstance(m, dict) else None for m in msgs] != ["system", "user"]
-            or not all(isinstance(m.get("content"), str) for m in msgs)):
-        raise EnvProtocolError(f"create reply must carry messages [system, user]: {str(created)[:200]}")
-    return [{"role": m["role"], "content": m["content"]} for m in msgs]
+def check_created(created: CreateReply) -> list[dict]:
+    if not isinstance(created, CreateReply):  # the model has checked the messages are [system, user]
+        raise EnvProtocolError(f"create reply is not a CreateReply: {str(created)[:200]}")
+    return [{"role": m.role, "content": m.content} for m in created.messages]
 
 
 async def safe_delete(client: Any, episode_id: str) -> None:
@@ -210,15 +200,16 @@ async def _run_once(client: Any, generate: GenerateFn, codec: ChatCodec, task_id
         created = await client.create(task_id, mode, interface)
     except EnvUnavailable as exc:
         raise _Restart(str(exc)) from exc
+    except EnvProtocolError as exc:  # the client has deleted the episode its reply did not describe
+        raise _Exclude("env_protocol", str(exc)) from exc
     out.env_time_s += time.perf_counter() - t0
-    eid = created["episode_id"]
+    eid = created.episode_id
     out.episode_id = eid
     try:
         tb = time.perf_counter()
         head = check_created(created)
-        info = created.get("info") or {}
-        out.category = info.get("category")
-        out.num_turns = info.get("num_turns")
+        out.category = created.info.category
+        out.num_turns = created.info.num_turns
         head_text = codec.render(head, True)
         out.prompt_ids = codec.encode(head_text)
         out.messages = list(head)
@@ -276,7 +267,7 @@ async def _run_once(client: Any, generate: GenerateFn, codec: ChatCodec, task_id
             obs, done = check_step(step)
             if done or obs is None:
                 break
-            obs_msg = {"role": obs["role"], "content": obs["content"]}
+            obs_msg = {"role": obs.role, "content": obs.content}
             inc_ids = _observation_ids(codec, head, head_text, text, sampled_eos, obs_msg, limits)
             if codec.check_full_render:
                 _check_against_full_render(codec, full_msgs, text, obs_msg, sampled_eos, inc_ids)
@@ -307,16 +298,14 @@ async def _run_once(client: Any, generate: GenerateFn, codec: ChatCodec, task_id
         except EnvUnavailable as exc:
             raise _Restart(str(exc)) from exc
         out.env_time_s += time.perf_counter() - te
-        if not isinstance(result, dict) or "accuracy" not in result:
-            raise EnvProtocolError(f"evaluate reply lacks 'accuracy': {str(result)[:200]}")
-        out.eval_result = result
-        out.accuracy = float(result["accuracy"])
-        out.progress = result.get("progress")
-        out.progress_with_irrelevance = result.get("progress_with_irrelevance")
-        out.failure_tags = list(result.get("failure_tags") or [])
-        out.paper_labels = list(result.get("paper_labels") or [])
-        out.completed = result.get("completed")
-        out.reward = float(reward_fn(result))
+        out.eval_result = result.model_dump()  # the reward and the run directory read the JSON form
+        out.accuracy = result.accuracy
+        out.progress = result.progress
+        out.progress_with_irrelevance = result.progress_with_irrelevance
+        out.failure_tags = list(result.failure_tags)
+        out.paper_labels = list(result.paper_labels)
+        out.completed = result.completed
+        out.reward = float(reward_fn(out.eval_result))
         return out
     except EnvClientError as exc:
         if exc.status == 404:  # the episode vanished (service restarted / expired): start over
@@ -378,7 +367,8 @@ async def run_episode(
 ) -> Rollout:
     """Play one episode of `task_id` against the env service and return it token-exact.
 
-    `client` is an `EnvClient` (or any object with its create/step/evaluate/delete coroutines);
+    `client` is an `EnvClient` (or any object with its create/step/evaluate/delete coroutines that
+    return the protocol's reply models, `env_service.protocol`);
     `tokenizer` a transformers tokenizer with a chat template (or a `ChatCodec`). The episode is
     always deleted on the service, also on errors and cancellation.
 

@@ -7,7 +7,8 @@ import itertools
 
 import pytest
 
-from seal.rollout.client import EnvClientError, EnvUnavailable
+from env_service.protocol import CreateReply, EvaluateReply, StepReply
+from seal.rollout.client import EnvClientError, EnvProtocolError, EnvUnavailable
 from seal.rollout.codec import EOS_TOKEN_ID, build_qwen_tokenizer
 from seal.rollout.episode import OBS_TRUNCATION_MARKER, ChatCodec, EpisodeRequest, run_batch, run_episode
 from seal.rollout.types import Generation, RolloutLimits, SamplingParams
@@ -36,7 +37,10 @@ class ScriptedEnv:
         self.create_faults = list(create_faults)
         self.eval_result = eval_result or {
             "accuracy": 1.0, "progress": 1.0, "progress_with_irrelevance": 1.0, "completed": True,
-            "failure_tags": ["pass"], "paper_labels": ["pass"], "counts": {}, "turns": [], "official": {}}
+            "failure_tags": ["pass"], "paper_labels": ["pass"], "turns": [], "task_id": "t", "category": "base",
+            "num_turns": 2, "turns_reached": 2, "grade_ms": 1.0, "end_reason": "completed", "steps": 2,
+            "counts": {"passed": 1, "scorable": 1, "passed_irrelevance": 0, "irrelevance": 0},
+            "official": {"valid": True, "error_type": None, "error_message": None, "consistent_with_turns": True}}
         self.ids = itertools.count()
         self.live: dict[str, list] = {}
         self.created: list[str] = []
@@ -50,8 +54,11 @@ class ScriptedEnv:
         eid = f"ep{next(self.ids)}"
         self.live[eid] = list(self.observations)
         self.created.append(eid)
-        return {"episode_id": eid, "tools": [], "info": {"category": "base", "num_turns": 2},
-                "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": USER}]}
+        return CreateReply.model_validate({
+            "episode_id": eid, "tools": [],
+            "info": {"category": "base", "num_turns": 2, "mode": mode, "interface_version": 0,
+                     "step_limit": {"scope": "episode", "max_steps": 20}},
+            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": USER}]})
 
     async def step(self, eid, content):
         self.steps.append((eid, content))
@@ -61,14 +68,16 @@ class ScriptedEnv:
                 raise fault
         script = self.live[eid]
         obs = script.pop(0) if script else "next"
+        steps = sum(e == eid for e, _ in self.steps)
         if obs is None:
-            return {"observation": None, "done": True, "turn": 2, "info": {"error_type": None}}
-        return {"observation": {"role": "user", "content": obs}, "done": False, "turn": 1,
-                "info": {"error_type": None}}
+            return StepReply.model_validate({"observation": None, "done": True, "turn": 2,
+                                             "info": {"error_type": None, "end_reason": "completed", "steps": steps}})
+        return StepReply.model_validate({"observation": {"role": "user", "content": obs}, "done": False, "turn": 1,
+                                         "info": {"error_type": None, "end_reason": None, "steps": steps}})
 
     async def evaluate(self, eid):
         self.evaluated.append(eid)
-        return dict(self.eval_result)
+        return EvaluateReply.model_validate(self.eval_result)
 
     async def delete(self, eid):
         self.deleted.append(eid)
@@ -282,6 +291,25 @@ def test_protocol_violation_is_excluded(tok, codec):
     env = Bad([None])
     r = asyncio.run(run_episode(env, ScriptedModel([[EOS_TOKEN_ID]]), codec, "t"))
     assert r.excluded and r.exclude_reason == "env_protocol" and env.deleted == ["ep0"]
+
+
+def test_protocol_errors_from_the_client_are_excluded(tok, codec):
+    # EnvClient raises EnvProtocolError for a reply that breaks the protocol (tests/rollout/test_client.py).
+    class BadStep(ScriptedEnv):
+        async def step(self, eid, content):
+            raise EnvProtocolError("reply is not a StepReply: observation is null but the episode is not done")
+
+    env = BadStep([None])
+    r = asyncio.run(run_episode(env, ScriptedModel([[EOS_TOKEN_ID]]), codec, "t"))
+    assert r.excluded and r.exclude_reason == "env_protocol" and env.deleted == ["ep0"]
+
+    class BadCreate(ScriptedEnv):
+        async def create(self, *a, **k):
+            raise EnvProtocolError("reply is not a CreateReply")
+
+    env = BadCreate([None])
+    r = asyncio.run(run_episode(env, ScriptedModel([[EOS_TOKEN_ID]]), codec, "t"))
+    assert r.excluded and r.exclude_reason == "env_protocol" and r.attempts == 1 and env.created == []
 
 
 def test_run_batch_preserves_order_and_bounds_concurrency(tok):

@@ -10,9 +10,25 @@ import socket
 import httpx
 import pytest
 
-from seal.rollout.client import EnvClient, EnvClientError, EnvUnavailable
+from env_service.protocol import CreateReply, EvaluateReply, HealthReply, Interface, StepReply
+from seal.rollout.client import EnvClient, EnvClientError, EnvProtocolError, EnvUnavailable
 
 A, B = "http://replica-a:1", "http://replica-b:2"
+
+# Replies as the real service sends them (tests/env_service/test_protocol.py checks the models against it).
+CREATED_INFO = {"category": "base", "num_turns": 1, "mode": "train", "interface_version": 0,
+                "step_limit": {"scope": "episode", "max_steps": 20}}
+STEPPED = {"observation": None, "done": True, "turn": 0, "info": {"error_type": None, "end_reason": "completed",
+                                                                    "steps": 1}}
+EVALUATED = {
+    "task_id": "t", "category": "base", "accuracy": 1.0, "completed": True, "num_turns": 1, "turns_reached": 1,
+    "failure_tags": ["pass"], "paper_labels": ["pass"], "progress": 1.0, "progress_with_irrelevance": 1.0,
+    "turns": [{"index": 0, "reached": True, "tag": "pass", "label": "pass", "gt_calls": 1, "model_calls": 1,
+               "parse_errors": 0, "unavailable_calls": 0, "tool_errors": 0, "state_ok": True, "response_ok": True}],
+    "counts": {"passed": 1, "scorable": 1, "passed_irrelevance": 0, "irrelevance": 0},
+    "official": {"valid": True, "error_type": None, "error_message": None, "consistent_with_turns": True},
+    "grade_ms": 1.5, "end_reason": "completed", "steps": 1,
+}
 
 
 class FakeService:
@@ -77,7 +93,7 @@ class FakeService:
                 return httpx.Response(409, json={"error": {"code": "exists", "message": "episode exists"}})
             eps[eid] = {"task_id": body["task_id"], "steps": []}
             return httpx.Response(201, json={
-                "episode_id": eid, "tools": [], "info": {"category": "base", "num_turns": 1},
+                "episode_id": eid, "tools": [], "info": CREATED_INFO,
                 "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]})
         m = re.fullmatch(r"/episodes/([^/]+)(?:/(step|evaluate))?", path)
         if m is None:
@@ -90,9 +106,8 @@ class FakeService:
             return httpx.Response(204)
         if action == "step":
             eps[eid]["steps"].append(json.loads(request.content)["content"])
-            return httpx.Response(200, json={"observation": None, "done": True, "turn": 1,
-                                             "info": {"error_type": None}})
-        return httpx.Response(200, json={"accuracy": 1.0, "progress": 1.0})
+            return httpx.Response(200, json=STEPPED)
+        return httpx.Response(200, json=EVALUATED)
 
 
 def make_client(service: FakeService, urls=(A, B), **kw) -> EnvClient:
@@ -109,7 +124,7 @@ def test_new_episodes_spread_and_later_calls_stick_to_their_replica():
 
     async def go():
         async with make_client(svc) as client:
-            ids = [(await client.create(f"t{i}"))["episode_id"] for i in range(4)]
+            ids = [(await client.create(f"t{i}")).episode_id for i in range(4)]
             assert client.live_episodes() == {A: 2, B: 2}
             svc.log.clear()
             for eid in ids:
@@ -123,7 +138,7 @@ def test_new_episodes_spread_and_later_calls_stick_to_their_replica():
             for eid in on_b:
                 await client.delete(eid)
             assert client.live_episodes() == {A: 2, B: 0}
-            new = [(await client.create("t"))["episode_id"] for _ in range(2)]
+            new = [(await client.create("t")).episode_id for _ in range(2)]
             assert all(e in svc.episodes[B] for e in new)
 
     run(go())
@@ -134,10 +149,10 @@ def test_idempotent_routes_retry_on_5xx_and_transport_errors():
 
     async def go():
         async with make_client(svc, urls=[A], max_retries=3) as client:
-            eid = (await client.create("t"))["episode_id"]
+            eid = (await client.create("t")).episode_id
             svc.fault("POST", "evaluate", 500, "read", 502)
             svc.log.clear()
-            assert (await client.evaluate(eid))["accuracy"] == 1.0
+            assert (await client.evaluate(eid)).accuracy == 1.0
             assert len(svc.log) == 4
             svc.fault("GET", "tasks", "connect", 503)
             assert await client.tasks("eval") == ["eval_0", "eval_1", "eval_2"]
@@ -165,7 +180,7 @@ def test_4xx_is_never_retried_and_carries_the_service_error():
 
     async def go():
         async with make_client(svc, urls=[A], max_retries=3) as client:
-            eid = (await client.create("t"))["episode_id"]
+            eid = (await client.create("t")).episode_id
             svc.fault("POST", "step", 422, 500)
             svc.log.clear()
             with pytest.raises(EnvClientError) as info:
@@ -197,7 +212,7 @@ def test_step_is_retried_only_when_the_request_cannot_have_been_processed():
 
     async def go():
         async with make_client(svc, urls=[A], max_retries=3) as client:
-            eid = (await client.create("t"))["episode_id"]
+            eid = (await client.create("t")).episode_id
             # Never delivered, or refused with 503: safe to resend; the step is applied once.
             svc.fault("POST", "step", "connect", 503)
             await client.step(eid, "first")
@@ -230,9 +245,9 @@ def test_create_after_a_lost_reply_removes_the_orphan_and_starts_afresh():
             assert len(posts) == 3 and posts[0][0] == posts[1][0] == posts[2][0]
             assert len(deletes) == 1 and deletes[0][0] == posts[0][0]
             orphan = deletes[0][1].rsplit("/", 1)[1]
-            assert created["episode_id"] != orphan
+            assert created.episode_id != orphan
             host = posts[0][0]
-            assert list(svc.episodes[host]) == [created["episode_id"]]
+            assert list(svc.episodes[host]) == [created.episode_id]
             assert client.live_episodes()[host] == 1
 
     run(go())
@@ -264,7 +279,7 @@ def test_create_moves_to_another_replica_when_one_is_unreachable():
             created = await client.create("t")
             hosts = [h for h, m, _ in svc.log if m == "POST"]
             assert len(hosts) == 2 and hosts[0] != hosts[1]
-            assert created["episode_id"] in svc.episodes[hosts[1]]
+            assert created.episode_id in svc.episodes[hosts[1]]
 
     run(go())
 
@@ -274,7 +289,7 @@ def test_delete_is_idempotent_after_a_lost_reply_but_404_otherwise_raises():
 
     async def go():
         async with make_client(svc, urls=[A]) as client:
-            eid = (await client.create("t"))["episode_id"]
+            eid = (await client.create("t")).episode_id
             svc.fault("DELETE", "delete", "lost")
             await client.delete(eid)  # attempt 1 deleted it, attempt 2 got 404: success
             assert eid not in svc.episodes[A] and client.live_episodes() == {A: 0}
@@ -291,7 +306,8 @@ def test_health_checks_every_replica_and_sends_the_token():
     async def go():
         async with make_client(svc, token="s3cret") as client:
             health = await client.health()
-            assert health["status"] == "ok" and health["tasks"] == 800 and len(health["replicas"]) == 2
+            assert health.status == "ok" and health.tasks == 800 and len(health.replicas) == 2
+            assert all(isinstance(h, HealthReply) for h in health.replicas)
             assert {h for h, _, _ in svc.log} == {A, B}
             assert all(h["authorization"] == "Bearer s3cret" for h in svc.headers)
 
@@ -411,7 +427,7 @@ def test_default_transport_reads_real_replies():
     async def go():
         async with EnvClient(f"http://127.0.0.1:{port}", token="t0k", timeout=5) as client:
             health = await client.health()
-            assert health["status"] == "ok" and health["tasks"] == 800
+            assert health.status == "ok" and health.tasks == 800
 
     try:
         run(go())
@@ -436,3 +452,86 @@ def test_client_survives_being_used_from_a_second_event_loop():
     finally:
         stop()
     assert len(hits) == 2
+
+
+def test_requests_come_from_the_models_and_replies_are_typed():
+    svc = FakeService()
+    bodies: list[dict] = []
+    serve = svc.serve
+
+    def recording(host, request):
+        if request.content:
+            bodies.append(json.loads(request.content))
+        return serve(host, request)
+
+    svc.serve = recording
+
+    async def go():
+        async with make_client(svc, urls=[A]) as client:
+            created = await client.create("t")
+            assert isinstance(created, CreateReply) and created.info.step_limit.max_steps == 20
+            assert [m.role for m in created.messages] == ["system", "user"]
+            step = await client.step(created.episode_id, "hi")
+            assert isinstance(step, StepReply) and step.done and step.info.end_reason == "completed"
+            result = await client.evaluate(created.episode_id)
+            assert isinstance(result, EvaluateReply) and result.turns[0].tag == "pass"
+            assert result.model_dump() == EVALUATED
+            await client.create("t", interface={"cues": None, "error_feedback": True})
+            await client.create("t", interface=Interface(version=2))
+        assert bodies[0] == {"task_id": "t", "mode": "train", "episode_id": created.episode_id}
+        assert bodies[1] == {"content": "hi"}
+        assert bodies[2]["interface"] == {"cues": None, "error_feedback": True}  # sent as given
+        assert bodies[3]["interface"] == Interface(version=2).to_dict()
+
+    run(go())
+
+
+class Breaking(FakeService):
+    """Answers one route with a 2xx reply that breaks the protocol."""
+
+    def __init__(self, route: str, reply: httpx.Response):
+        super().__init__()
+        self.route, self.reply = route, reply
+
+    def serve(self, host, request):
+        answer = super().serve(host, request)
+        return self.reply if self.route_of(request.method, request.url.path) == self.route else answer
+
+
+def test_a_reply_that_breaks_the_protocol_raises_env_protocol_error():
+    not_done = httpx.Response(200, json={**STEPPED, "done": False})  # no observation, yet not done
+
+    async def step_case():
+        svc = Breaking("step", not_done)
+        async with make_client(svc, urls=[A], max_retries=3) as client:
+            eid = (await client.create("t")).episode_id
+            svc.log.clear()
+            with pytest.raises(EnvProtocolError, match="observation is null but the episode is not done"):
+                await client.step(eid, "x")
+            assert len(svc.log) == 1  # never resent
+
+    async def create_case():
+        svc = Breaking("create", httpx.Response(201, json={"episode_id": "whatever", "messages": []}))
+        async with make_client(svc, urls=[A], max_retries=3) as client:
+            with pytest.raises(EnvProtocolError, match="CreateReply"):
+                await client.create("t", episode_id="e7")
+            # the episode the service did create is deleted, and the client holds nothing for it
+            assert svc.episodes[A] == {} and client.live_episodes() == {A: 0}
+            assert [m for _, m, _ in svc.log] == ["POST", "DELETE"]
+
+    async def evaluate_case():
+        svc = Breaking("evaluate", httpx.Response(200, json={"accuracy": "high"}))
+        async with make_client(svc, urls=[A]) as client:
+            eid = (await client.create("t")).episode_id
+            with pytest.raises(EnvProtocolError, match="EvaluateReply"):
+                await client.evaluate(eid)
+
+    async def not_json_case():
+        svc = Breaking("evaluate", httpx.Response(200, text="<html>proxy error</html>"))
+        async with make_client(svc, urls=[A]) as client:
+            eid = (await client.create("t")).episode_id
+            with pytest.raises(EnvUnavailable, match="not JSON"):
+                await client.evaluate(eid)
+
+    for case in (step_case, create_case, evaluate_case, not_json_case):
+        run(case())
