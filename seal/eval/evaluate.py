@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from env_service.process import running_service
+from env_service.protocol import EvaluateReply
 from env_service.vocab import CATEGORIES, category_of
 from seal.eval.policies import (
     GREEDY,
@@ -149,6 +150,8 @@ async def _text_episode_once(client: Any, agent: Any, task_id: str, max_model_ca
             out.messages.append({"role": obs.role, "content": obs.content})
         out.stop_reason = stop_reason
         result = await client.evaluate(eid)
+        if not isinstance(result, EvaluateReply):
+            raise PolicyError(f"evaluate reply is not an EvaluateReply: {str(result)[:200]}")
         out.eval_result = result.model_dump()
         out.accuracy = result.accuracy
         out.reward = out.accuracy

@@ -26,7 +26,7 @@ from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from env_service.protocol import CreateReply, Message, StepReply
+from env_service.protocol import CreateReply, EvaluateReply, Message, StepReply
 from seal.rollout.client import EnvClientError, EnvProtocolError, EnvUnavailable
 from seal.rollout.codec import fast_encoder_for
 from seal.rollout.types import (
@@ -298,6 +298,8 @@ async def _run_once(client: Any, generate: GenerateFn, codec: ChatCodec, task_id
         except EnvUnavailable as exc:
             raise _Restart(str(exc)) from exc
         out.env_time_s += time.perf_counter() - te
+        if not isinstance(result, EvaluateReply):
+            raise EnvProtocolError(f"evaluate reply is not an EvaluateReply: {str(result)[:200]}")
         out.eval_result = result.model_dump()  # the reward and the run directory read the JSON form
         out.accuracy = result.accuracy
         out.progress = result.progress

@@ -311,6 +311,14 @@ def test_protocol_errors_from_the_client_are_excluded(tok, codec):
     r = asyncio.run(run_episode(env, ScriptedModel([[EOS_TOKEN_ID]]), codec, "t"))
     assert r.excluded and r.exclude_reason == "env_protocol" and r.attempts == 1 and env.created == []
 
+    class UntypedEvaluate(ScriptedEnv):  # a stand-in that returns plain JSON instead of the reply model
+        async def evaluate(self, eid):
+            return {"accuracy": 1.0}
+
+    env = UntypedEvaluate([None])
+    r = asyncio.run(run_episode(env, ScriptedModel([[EOS_TOKEN_ID]]), codec, "t"))
+    assert r.excluded and r.exclude_reason == "env_protocol" and env.deleted == ["ep0"]
+
 
 def test_run_batch_preserves_order_and_bounds_concurrency(tok):
     active = peak = 0
