@@ -42,7 +42,7 @@ from seal.report.tables import Estimate, format_estimate, summary_from_results
 from seal.rollout.client import EnvClient, EnvClientError, EnvUnavailable
 from seal.rollout.episode import check_created, check_step, run_all, run_episode, safe_delete
 from seal.rollout.types import Rollout, RolloutLimits, SamplingParams
-from seal.run_dir import (  # noqa: F401 - checkpoint selection lives with the run-directory layout
+from seal.run_dir import (  # noqa: F401 - checkpoint selection lives in seal.run_dir; re-exported here
     BEST_METRIC,
     CheckpointChoice,
     RunDir,
