@@ -5,7 +5,8 @@
 
 1. Composes and validates the recipe (`seal.recipe.load_config`); `--dry-run` prints it and exits.
 2. `engine: verl` needs GPUs: without CUDA it stops at once and points to `exp/tiny_cpu.yaml`.
-3. Writes the resolved config to `<run_root>/<experiment_name>/config.yaml`.
+3. Writes the resolved config to `<run_root>/<experiment_name>/config.yaml` (the run directory,
+   `seal/run_dir.py`, docs/run_directory.md).
 4. Starts the env service (`python -m env_service` with the recipe's step limit and availability
    flags) on the first `env.urls` port when nothing answers there and `env.start_service` is on;
    it is stopped when the launcher exits, also on Ctrl-C, SIGTERM or an error. Its log goes to
@@ -69,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from seal.logging_utils import setup_console_logging
     from seal.recipe import ConfigError, env_service_args, load_config, run_dir, save_config
+    from seal.run_dir import RunDir
 
     setup_console_logging(args.log_level)
     try:
@@ -87,10 +89,10 @@ def main(argv: list[str] | None = None) -> int:
         if not torch.cuda.is_available():
             print(f"launcher: {NO_GPU_MESSAGE}", file=sys.stderr)
             return 3
-    out = run_dir(cfg)
-    out.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, out / "config.yaml")
-    log.info("run directory: %s", out)
+    run = RunDir(run_dir(cfg))
+    run.root.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run.config_file)
+    log.info("run directory: %s", run.root)
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
 
     first_url = str(cfg.env.urls[0])
@@ -99,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             if not healthy(first_url):
                 if not cfg.env.start_service:
                     raise SystemExit(f"no env service answers at {first_url} and env.start_service is false")
-                stack.enter_context(start_service(first_url, env_service_args(cfg), out / "env_service.log"))
+                stack.enter_context(start_service(first_url, env_service_args(cfg), run.env_service_log))
                 log.info("env service ready at %s", first_url)
             else:
                 log.info("using the env service already answering at %s (its step-limit/availability flags are "
@@ -111,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                 from seal.engines.local.engine import train
             else:
                 from seal.engines.verl.launch import train  # written for GPU machines; imported only here
-            result = train(cfg, out)
+            result = train(cfg, run.root)
             log.info("done: %s", result)
             return 0
         except ServiceStartError as exc:

@@ -18,9 +18,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from seal.run_dir import METRICS_FILE
+
 log = logging.getLogger("seal")
 
-METRICS_FILE = "metrics.jsonl"
 # Keys shown on the console line of a step (all keys go to the JSONL file).
 CONSOLE_KEYS = (
     "val/accuracy/average",

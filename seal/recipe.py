@@ -395,11 +395,12 @@ def total_training_steps(cfg: DictConfig, num_train_tasks: int) -> int:
 
 
 def run_dir(cfg: DictConfig, root: str | Path | None = None) -> Path:
-    """`<run_root>/<experiment_name>`; a relative `run_root` is taken from `root` (default: the cwd)."""
-    base = Path(cfg.run_root)
-    if not base.is_absolute() and root is not None:
-        base = Path(root) / base
-    return base / str(cfg.experiment_name)
+    """`<run_root>/<experiment_name>`; a relative `run_root` is taken from `root` (default: the cwd).
+
+    The layout inside it is `seal.run_dir`'s."""
+    from seal.run_dir import RunDir
+
+    return RunDir.of(cfg.run_root, str(cfg.experiment_name), root).root
 
 
 def env_service_args(cfg: DictConfig) -> list[str]:

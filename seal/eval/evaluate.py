@@ -43,12 +43,20 @@ from seal.report.tables import Estimate, format_estimate, summary_from_results
 from seal.rollout.client import EnvClient, EnvClientError, EnvUnavailable
 from seal.rollout.episode import check_created, check_step, run_all, run_episode, safe_delete
 from seal.rollout.types import Rollout, RolloutLimits, SamplingParams
+from seal.run_dir import (  # noqa: F401 - checkpoint selection lives in seal.run_dir; re-exported here
+    BEST_METRIC,
+    CheckpointChoice,
+    RunDir,
+    best_step,
+    hf_weights_dir,
+    select_checkpoints,
+    validation_averages,
+)
 
 log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RELEASE_MAX_STEPS = 20  # the release's per-episode step limit (reference §4.3)
-BEST_METRIC = "val/accuracy/average"  # docs/run_directory.md: best.json is chosen on the overall average
 
 # Ground-truth tasks the replay cannot pass under a documented service setting, and why.
 KNOWN_GT_ANOMALIES: dict[str, str] = {
@@ -409,95 +417,11 @@ def print_summary(summary: dict[str, Any], out: Path, stream: Any = None) -> Non
 # --- checkpoints of a run ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class CheckpointChoice:
-    name: str  # "last" | "best"
-    step: int
-    path: Path  # the checkpoint directory
-    selection: str  # how it was chosen (recorded in the summary's notes)
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read ({exc})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("step"), int):
-        raise ValueError(f"{path}: expected an object with an integer 'step'")
-    return data
-
-
-def validation_averages(metrics_path: Path) -> dict[int, float]:
-    """``step -> val/accuracy/average`` from a run's metrics.jsonl (later lines for a step win)."""
-    out: dict[int, float] = {}
-    if not metrics_path.is_file():
-        return out
-    for number, line in enumerate(metrics_path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            raise ValueError(f"{metrics_path}:{number}: not JSON") from None
-        if isinstance(row, dict) and isinstance(row.get("step"), int) and BEST_METRIC in row:
-            out[row["step"]] = float(row[BEST_METRIC])
-    return out
-
-
-def best_step(averages: dict[int, float], available: set[int]) -> int | None:
-    """The checkpointed step with the highest overall validation average (earliest on ties: strict >)."""
-    best: int | None = None
-    for step in sorted(averages):
-        if step in available and (best is None or averages[step] > averages[best]):
-            best = step
-    return best
-
-
-def select_checkpoints(run_dir: Path) -> list[CheckpointChoice]:
-    """The run's last and best checkpoints (docs/run_directory.md), best on ``val/accuracy/average``."""
-    ckpt_root = run_dir / "checkpoints"
-    if not ckpt_root.is_dir():
-        raise ValueError(f"{run_dir}: no checkpoints/ folder (not a run directory?)")
-    available = {int(p.name.split("_", 1)[1]): p for p in ckpt_root.glob("step_*")
-                 if p.is_dir() and p.name.split("_", 1)[1].isdigit()}
-    choices: list[CheckpointChoice] = []
-    latest_file = ckpt_root / "latest.json"
-    if latest_file.is_file():
-        latest = _read_json(latest_file)
-        path = run_dir / latest.get("path", f"checkpoints/step_{latest['step']}")
-        choices.append(CheckpointChoice("last", latest["step"], path, "checkpoints/latest.json"))
-    elif available:
-        step = max(available)
-        choices.append(CheckpointChoice("last", step, available[step], "highest step_N folder (no latest.json)"))
-    else:
-        raise ValueError(f"{ckpt_root}: no latest.json and no step_N checkpoints")
-
-    averages = validation_averages(run_dir / "metrics.jsonl")
-    best_file = ckpt_root / "best.json"
-    best = _read_json(best_file) if best_file.is_file() else None
-    if best is not None and best.get("metric") == BEST_METRIC:
-        path = run_dir / best.get("path", f"checkpoints/step_{best['step']}")
-        choices.append(CheckpointChoice("best", best["step"], path,
-                                        f"checkpoints/best.json ({BEST_METRIC} = {best.get('value')})"))
-    else:
-        step = best_step(averages, set(available))
-        why = ("best.json selects on " + repr(best.get("metric")) if best is not None else "no best.json")
-        if step is not None:
-            choices.append(CheckpointChoice("best", step, available[step],
-                                            f"re-selected on {BEST_METRIC} = {averages[step]} from metrics.jsonl "
-                                            f"({why})"))
-        else:
-            log.warning("%s: %s and no validation average for a saved checkpoint; evaluating last only", run_dir, why)
-    return choices
-
-
 def hf_model_dir(checkpoint: Path) -> Path:
-    """The Hugging Face model folder of a checkpoint (local engine: the folder itself)."""
-    for candidate in (checkpoint, checkpoint / "huggingface", checkpoint / "actor" / "huggingface"):
-        if (candidate / "config.json").is_file() and (
-            any(candidate.glob("*.safetensors")) or any(candidate.glob("*.bin"))
-        ):
-            return candidate
+    """The Hugging Face model folder of a checkpoint (`seal.run_dir.hf_weights_dir`), or a clear error."""
+    found = hf_weights_dir(checkpoint)
+    if found is not None:
+        return found
     raise PolicyError(
         f"{checkpoint}: no Hugging Face weights (config.json + *.safetensors). For a verl checkpoint merge the "
         f"shards first: python -m verl.model_merger merge --backend fsdp --local_dir {checkpoint}/actor "
@@ -510,7 +434,7 @@ def evaluate_run(run_dir: Path, backend: str, base: EvalRequest) -> dict[str, di
     summaries: dict[str, dict[str, Any]] = {}
     done: dict[int, Path] = {}
     for choice in select_checkpoints(run_dir):
-        out = run_dir / "eval" / choice.name
+        out = RunDir(run_dir).eval_dir(choice.name)
         caveat = ("best is selected on validation = the 400 held-in eval tasks reported here, so its number is "
                   "optimistic; report `last` as the honest number" if choice.name == "best" else
                   "last checkpoint: the honest number (no selection on the evaluation tasks)")

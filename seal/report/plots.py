@@ -25,6 +25,7 @@ from matplotlib.ticker import MaxNLocator
 
 from env_service.vocab import CATEGORIES, PAPER_LABELS, PROGRESS_TAGS
 from seal.report.tables import binomial_stderr, read_results
+from seal.run_dir import METRICS_FILE
 
 AVERAGE = "average"
 PANEL_TITLES: Mapping[str, str] = {
@@ -50,7 +51,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """Lines of a ``metrics.jsonl`` (a file, or a run directory holding one); each must carry an int ``step``."""
     path = Path(path)
     if path.is_dir():
-        path = path / "metrics.jsonl"
+        path = path / METRICS_FILE
     records = read_results(path)
     for number, record in enumerate(records, 1):
         step = record.get("step")

@@ -21,6 +21,7 @@ from typing import Any
 from env_service.vocab import CATEGORIES, category_of
 from seal.report import paper_numbers as pn
 from seal.report.paper_numbers import Row
+from seal.run_dir import RunDir
 
 MISSING = "–"
 
@@ -373,10 +374,11 @@ def resolve_eval_dir(path: str | Path) -> Path:
     path = Path(path)
     if (path / "summary.json").is_file() or (path / "results.jsonl").is_file():
         return path
-    eval_root = path / "eval"
+    last = RunDir(path).eval_dir("last")
+    eval_root = last.parent
     if eval_root.is_dir():
-        if (eval_root / "last").is_dir():
-            return resolve_eval_dir(eval_root / "last")
+        if last.is_dir():
+            return resolve_eval_dir(last)
         candidates = sorted(p for p in eval_root.iterdir() if p.is_dir())
         if len(candidates) == 1:
             return resolve_eval_dir(candidates[0])

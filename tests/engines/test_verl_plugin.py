@@ -55,7 +55,8 @@ def test_registers_when_verl_was_imported_first():
         import verl.trainer.ppo.v1, verl.experimental.agent_loop
         assert "seal.engines.verl.trainer" not in sys.modules
         import seal.engines.verl.plugin
-        assert seal.engines.verl.plugin.registered() == {"agent_loop": True, "trainer_mode": True}
+        import seal.engines.verl.adapter
+        assert seal.engines.verl.adapter.registered() == {"agent_loop": True, "trainer_mode": True}
     """) + CHECK_REGISTERED, VERL_USE_EXTERNAL_PLUGINS="none")
     assert proc.returncode == 0 and "REGISTERED" in proc.stdout, proc.stderr[-3000:]
 

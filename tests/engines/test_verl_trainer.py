@@ -20,9 +20,11 @@ from tensordict import TensorDict  # noqa: E402
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer  # noqa: E402
 from verl.utils.tensordict_utils import assign_non_tensor_data, list_of_dict_to_tensordict  # noqa: E402
 
+import seal.engines.verl.adapter as VA  # noqa: E402
 import seal.engines.verl.trainer as VT  # noqa: E402
 from seal.engines.verl.agent_loop import FEED_KEY, EpisodeFeed, rollout_to_output  # noqa: E402
 from seal.engines.verl.config import TRAINER_MODE, to_verl_config  # noqa: E402
+from seal.logging_utils import trim_metrics  # noqa: E402
 from seal.recipe import REPO_ROOT, load_config  # noqa: E402
 from seal.rollout.codec import EOS_TOKEN_ID  # noqa: E402
 from seal.rollout.types import Rollout  # noqa: E402
@@ -154,7 +156,7 @@ def test_advantage_step_grpo_then_apatch_hand_computed(model_dir, tmp_path, monk
     trainer = make_trainer(model_dir, tmp_path, STATIC)
     trainer.global_steps = 1
     fake = FakeTQ()
-    monkeypatch.setattr(VT, "tq", fake)
+    monkeypatch.setattr(VA, "tq", fake)
     rows = {
         "A_0_0": (rollout("multi_turn_base_1", 1.0, ["pass", "pass"], 5, [1, 1, 0, 1, 1]), "A"),
         "A_1_0": (rollout("multi_turn_base_1", 0.0, ["pass", "state_mismatch"], 4, [1, 0, 0, 1]), "A"),
@@ -220,7 +222,7 @@ def test_trainer_mode_is_synchronous_and_feeds_batches(model_dir, tmp_path):
     assert trainer.trainer_mode == "sync" and trainer.registered_mode == TRAINER_MODE
     assert type(trainer.replay_buffer).__name__ == "ReplayBuffer"  # verl's synchronous buffer
     sent = []
-    manager = VT.FeedingManager(SimpleNamespace(generate_sequences=sent.append, workers=3), trainer)
+    manager = VA.FeedingManager(SimpleNamespace(generate_sequences=sent.append, workers=3), trainer)
     train_batch = TensorDict({"x": torch.zeros(2, 1)}, batch_size=[2])
     manager.generate_sequences(train_batch)
     val_batch = TensorDict({"x": torch.zeros(2, 1)}, batch_size=[2])
@@ -237,7 +239,7 @@ def test_trainer_mode_is_synchronous_and_feeds_batches(model_dir, tmp_path):
 def test_step_evolves_and_ends_epochs(model_dir, tmp_path, monkeypatch):
     trainer = make_trainer(model_dir, tmp_path)
     monkeypatch.setattr(PPOTrainer, "step", lambda self, metrics, timing: "batch")
-    trainer.steps_per_epoch = 2
+    trainer.steps_per_epoch, trainer.total_training_steps = 2, 4
     calls = []
     monkeypatch.setattr(trainer.controller, "end_epoch", lambda: calls.append(trainer.global_steps))
     for step in (1, 2, 3):
@@ -245,17 +247,19 @@ def test_step_evolves_and_ends_epochs(model_dir, tmp_path, monkeypatch):
         metrics: dict = {}
         assert trainer.step(metrics, {}) == "batch"
         assert metrics["interface/enabled"] == 1.0 and "interface/closed_loop" in metrics
+        # the step sets the progress its episodes are rewarded with: steps done before it / total
+        assert trainer.controller.training_progress == pytest.approx((step - 1) / 4)
     assert calls == [2]
 
 
 def fake_verl_save(self):
-    folder = self._step_dir(self.global_steps)
+    folder = self.checkpoints.verl_step_dir(self.global_steps)
     (folder / "actor").mkdir(parents=True, exist_ok=True)
-    (self._ckpt_root() / "latest_checkpointed_iteration.txt").write_text(str(self.global_steps))
+    (self.checkpoints.root / "latest_checkpointed_iteration.txt").write_text(str(self.global_steps))
 
 
 def fake_verl_load(self):
-    latest = self._ckpt_root() / "latest_checkpointed_iteration.txt"
+    latest = self.checkpoints.root / "latest_checkpointed_iteration.txt"
     self.global_steps = int(latest.read_text()) if latest.is_file() else 0
 
 
@@ -274,10 +278,10 @@ def test_checkpoint_holds_seal_state_and_resume_restores_it(model_dir, tmp_path,
     assert (ckpt / "step_3").is_symlink() and (ckpt / "step_3" / "seal_state.json").is_file()
     assert json.loads((ckpt / "latest.json").read_text()) == {"step": 3, "path": "checkpoints/step_3"}
 
-    trainer._update_best({"val/accuracy/average": 0.25})
+    trainer.update_best({"val/accuracy/average": 0.25})
     best = json.loads((ckpt / "best.json").read_text())
     assert best == {"step": 3, "path": "checkpoints/step_3", "metric": "val/accuracy/average", "value": 0.25}
-    trainer._update_best({"val/accuracy/average": 0.20})  # worse: best stays
+    trainer.update_best({"val/accuracy/average": 0.20})  # worse: best stays
     assert json.loads((ckpt / "best.json").read_text())["value"] == 0.25
 
     resumed = make_trainer(model_dir, tmp_path)
@@ -295,7 +299,7 @@ def test_checkpoint_holds_seal_state_and_resume_restores_it(model_dir, tmp_path,
 def test_best_at_step_zero_points_at_the_base_model(model_dir, tmp_path):
     trainer = make_trainer(model_dir, tmp_path)
     trainer.global_steps = 0
-    trainer._update_best({"val/accuracy/average": 0.1})
+    trainer.update_best({"val/accuracy/average": 0.1})
     best = json.loads((tmp_path / "checkpoints" / "best.json").read_text())
     assert best["step"] == 0 and best["path"] == str(model_dir)
 
@@ -315,12 +319,12 @@ def test_validation_metrics_count_missing_sessions_as_failures(model_dir, tmp_pa
     assert metrics["val/accuracy/multi_turn_miss_func"] == 0.5 and metrics["val/count/multi_turn_miss_func"] == 2
     assert metrics["val/accuracy/average"] == 0.5 and metrics["val/excluded"] == 1.0
     assert "val-core/multi_turn_base/acc/mean@1" in metrics  # verl's own table is kept
-    assert trainer._last_val["val/accuracy/average"] == 0.5
+    assert trainer.last_validation["val/accuracy/average"] == 0.5
 
 
 def test_metrics_jsonl_is_flat_and_appends(tmp_path):
     logged = []
-    log = VT.MetricsLog(SimpleNamespace(log=lambda data, step, backend=None: logged.append(step),
+    log = VA.MetricsLog(SimpleNamespace(log=lambda data, step, backend=None: logged.append(step),
                                         finish=lambda exit_code=0: None), tmp_path / "metrics.jsonl")
     log.log({"val/accuracy/average": np.float32(0.5), "actor/pg_loss": torch.tensor(1.5), "bad": float("nan"),
              "counts": {"a": 1}}, step=0)
@@ -330,9 +334,9 @@ def test_metrics_jsonl_is_flat_and_appends(tmp_path):
                      {"step": 1, "train/reward_mean": 0.25}]
     assert logged == [0, 1]
     log.log({"train/reward_mean": 0.5}, step=2)
-    VT.trim_metrics(tmp_path / "metrics.jsonl", keep_through=1)  # resumed from step 1
+    trim_metrics(tmp_path / "metrics.jsonl", keep_through=1)  # resumed from step 1
     assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [0, 1]
-    VT.trim_metrics(tmp_path / "metrics.jsonl", keep_through=None)  # a fresh run
+    trim_metrics(tmp_path / "metrics.jsonl", keep_through=None)  # a fresh run
     assert (tmp_path / "metrics.jsonl").read_text() == ""
 
 

@@ -3,15 +3,11 @@
 Same agent loop, env service, SEAL controller and batching as the verl engine; generation is Hugging
 Face `generate` and the policy update uses verl's own loss functions (`verl.trainer.ppo.core_algos`:
 `compute_grpo_outcome_advantage`, `compute_policy_loss_vanilla` (dual-clip), `kl_penalty`,
-`agg_loss`). One step (docs/engines.md)::
+`agg_loss`).
 
-    Ω_t = controller.interface("train")
-    rollouts = run_batch(train_batch_size tasks × n, Ω_t, sampling at temperature)   # env service
-    controller.observe(rollouts)                       # C_t
-    data = rollouts_to_dataproto(kept); GRPO advantages; controller.reweight(data)    # A-Patch
-    old/ref log-probs; PPO mini-batches (dual-clip + low_var_kl + token-mean); AdamW; grad clip
-    controller.evolve(step)                             # Ω_{t+1}
-    epoch end: controller.end_epoch(); validation (greedy, raw interface); checkpoint
+Read it top to bottom: `train` (the entry) and `setup` build a `LocalRun`; `training_step` is one SEAL
+step, every controller call in order (docs/engines.md, "One training step"); below it the plumbing
+(data order, validation, checkpoint I/O, log-probs and the PPO update, small helpers).
 
 Determinism: every model call is seeded from (seed, step, request index, prompt length), so a run
 resumed from a checkpoint continues exactly as the uninterrupted run (on the same device and
@@ -37,68 +33,189 @@ from typing import Any
 import numpy as np
 import torch
 
-from env_service.vocab import CATEGORIES, category_of
 from seal import recipe as C
 from seal.core.controller import SealController
 from seal.engines.batching import compute_grpo_advantages, group_uids, rollouts_to_dataproto
-from seal.io_utils import write_json_atomic
+from seal.engines.data import Task, load_tasks
 from seal.logging_utils import MetricsLogger, progress
 from seal.rollout.client import EnvClient
 from seal.rollout.episode import EpisodeRequest, run_batch
 from seal.rollout.hf_generation import HFGenerator
 from seal.rollout.hf_generation import autocast_context as _autocast
 from seal.rollout.types import GenerateFn, Rollout, SamplingParams
+from seal.run_dir import TRAINER_STATE_FILE, Checkpoints, RunDir, best_record, improves
 
 log = logging.getLogger("seal.engines.local.engine")
 
-TRAINER_STATE = "trainer_state.pt"
-CHECKPOINTS = "checkpoints"
+GenerateFactory = Callable[[Any, Any, torch.device], GenerateFn]
 
 
-# --------------------------------------------------------------------------- data
-@dataclass(frozen=True)
-class Task:
-    task_id: str
-    category: str
+# =========================================================================== setup
+@dataclass
+class LocalRun:
+    """Everything one local training run holds between steps."""
+
+    cfg: Any
+    run: RunDir
+    device: torch.device
+    autocast_dtype: torch.dtype | None
+    tokenizer: Any
+    model: Any
+    ref_model: Any | None  # the frozen base model, for the KL loss
+    optimizer: torch.optim.Optimizer
+    controller: SealController
+    generate: GenerateFn
+    logger: MetricsLogger
+    train_tasks: list[Task]
+    val_tasks: list[Task]
+    total_steps: int
+    steps_per_epoch: int
+    pad_id: int
+    start_step: int  # the last step already done (0 for a fresh run)
+    resumed: bool
+    best: dict[str, Any] | None  # the best.json record so far
 
 
-def load_tasks(path: str | os.PathLike[str], limit: int | None = None) -> list[Task]:
-    """Task ids (and categories) of a parquet split (`data/bfcl_*.parquet`).
+def train(cfg: Any, run_dir: str | os.PathLike[str], generate_factory: GenerateFactory | None = None
+          ) -> dict[str, Any]:
+    """Train with the local engine; returns `{"last_step", "best", "run_dir", "run_id"}`.
 
-    `limit` keeps a subset taken round-robin over the categories in file order, so a handful of
-    tasks still covers every category (first task of each category, then the second, ...).
+    `generate_factory(model, tokenizer, device) -> GenerateFn` replaces HF generation (tests use a
+    scripted backend); the update always uses the model.
     """
-    import pandas as pd
-
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"data file not found: {path}")
-    frame = pd.read_parquet(path)
-    tasks = []
-    for _, row in frame.iterrows():
-        extra = row.get("extra_info")
-        extra = extra if isinstance(extra, dict) else {}
-        task_id = extra.get("task_id") or extra.get("index") or extra.get("original_id")
-        if not task_id:
-            raise ValueError(f"{path}: a row has no extra_info.task_id / index")
-        category = extra.get("category") or row.get("data_source") or category_of(task_id)
-        tasks.append(Task(str(task_id), str(category)))
-    if limit is None or limit >= len(tasks):
-        return tasks
-    by_cat: dict[str, list[Task]] = {}
-    for t in tasks:
-        by_cat.setdefault(t.category, []).append(t)
-    order = [c for c in CATEGORIES if c in by_cat] + sorted(c for c in by_cat if c not in CATEGORIES)
-    out: list[Task] = []
-    i = 0
-    while len(out) < limit:
-        for c in order:
-            if i < len(by_cat[c]) and len(out) < limit:
-                out.append(by_cat[c][i])
-        i += 1
-    return out
+    run = setup(cfg, run_dir, generate_factory)
+    try:
+        if not run.resumed and cfg.trainer.val_before_train:
+            metrics = validate(run, 0)
+            if note_validation(run, 0, metrics):
+                metrics |= checkpoint(run, 0, improved=True)
+            run.logger.log(metrics, 0)
+        steps_bar = progress(run.total_steps, "training steps", leave=True)
+        steps_bar.update(run.start_step)
+        for step in range(run.start_step + 1, run.total_steps + 1):
+            run.logger.log(training_step(run, step), step)
+            steps_bar.update(1)
+        steps_bar.close()
+    finally:
+        run.logger.close()
+    return {"last_step": run.total_steps, "best": run.best, "run_dir": str(run.run.root),
+            "run_id": run.controller.run_id}
 
 
+def setup(cfg: Any, run_dir: str | os.PathLike[str], generate_factory: GenerateFactory | None = None) -> LocalRun:
+    """Seeds, tasks, models, optimizer, controller and logger; restores a checkpoint when resuming.
+
+    The order is part of exact resume: the RNG states saved with a checkpoint are restored after the
+    models are loaded, as when the checkpoint's run started.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # per-save/load shard bars would drown the step bars
+    run = RunDir(run_dir)
+    run.root.mkdir(parents=True, exist_ok=True)
+    seed = int(cfg.seed)
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+    device = _device()
+    autocast_dtype = _dtypes(cfg, device)
+
+    train_tasks = load_tasks(cfg.data.train_files, cfg.data.max_train_tasks)
+    val_tasks = load_tasks(cfg.data.val_files, cfg.data.max_val_tasks)
+    total_steps = C.total_training_steps(cfg, len(train_tasks))
+    spe = C.steps_per_epoch(cfg, len(train_tasks))
+
+    base_path = prepare_model_path(cfg)
+    resume_from = resume_point(cfg, run)
+    load_path = resume_from if resume_from is not None else base_path
+    tokenizer = AutoTokenizer.from_pretrained(str(load_path))
+    model = AutoModelForCausalLM.from_pretrained(str(load_path), dtype=torch.float32).to(device)
+    model.eval()
+    ref_model = None
+    if cfg.actor.use_kl_loss:
+        ref_model = AutoModelForCausalLM.from_pretrained(str(base_path), dtype=torch.float32).to(device)
+        ref_model.eval().requires_grad_(False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=float(cfg.actor.lr),
+                                  weight_decay=float(cfg.actor.weight_decay))
+    controller = SealController(cfg)
+    start_step, best = 0, None
+    if resume_from is not None:
+        start_step, best = restore_checkpoint(resume_from, optimizer, controller,
+                                              force=str(cfg.trainer.resume) not in ("auto", "disable"))
+
+    logger = MetricsLogger(run.root, list(cfg.trainer.logger), resume_step=start_step if resume_from else None,
+                           wandb_project=str(cfg.trainer.wandb_project), experiment_name=str(cfg.experiment_name),
+                           config=C.to_container(cfg))
+    generate = (generate_factory or (lambda m, t, d: HFGenerator(m, t, d, autocast_dtype)))(model, tokenizer, device)
+    pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+    log.info("local engine: %d train tasks, %d val tasks, %d steps (%d per epoch), device %s, run %s",
+             len(train_tasks), len(val_tasks), total_steps, spe, device, controller.run_id)
+    if start_step >= total_steps:
+        log.info("the run in %s is already complete (step %d of %d); trainer.resume=disable starts it over",
+                 run.root, start_step, total_steps)
+    return LocalRun(cfg=cfg, run=run, device=device, autocast_dtype=autocast_dtype, tokenizer=tokenizer, model=model,
+                    ref_model=ref_model, optimizer=optimizer, controller=controller, generate=generate, logger=logger,
+                    train_tasks=train_tasks, val_tasks=val_tasks, total_steps=total_steps, steps_per_epoch=spe,
+                    pad_id=pad_id, start_step=start_step, resumed=resume_from is not None, best=best)
+
+
+# =========================================================================== the training step
+def training_step(run: LocalRun, step: int) -> dict[str, float]:
+    """Global step `step` (1-based) of the run, top to bottom; returns the step's metrics."""
+    cfg, controller = run.cfg, run.controller
+    t_step = time.perf_counter()
+    epoch, index, tasks = step_tasks(run.train_tasks, step, cfg)
+
+    # 1. Episodes on Ω_t: each task rollout.n times, sampled; the controller turns each reply into a reward.
+    controller.set_training_progress(step - 1, run.total_steps)
+    omega = controller.interface("train")
+    params = C.sampling_params(cfg, "train")
+    requests = training_requests(cfg, tasks, omega, params, step)
+    t0 = time.perf_counter()
+    rollouts = play(run, requests, params, controller.reward_fn, f"rollouts@{step}")
+    metrics: dict[str, float] = {"timing/rollout": time.perf_counter() - t0,
+                                 "train/epoch": float(epoch), "train/step_in_epoch": float(index)}
+
+    # 2. C_t: the capability state observes the step's non-excluded rollouts.
+    metrics |= controller.observe(rollouts, step)
+    metrics |= rollout_metrics(rollouts)
+
+    # 3. GRPO advantages per task group, A-Patch reweighting, the PPO update (excluded rollouts train nothing).
+    kept = [r for r in rollouts if not r.excluded]
+    if kept:
+        t0 = time.perf_counter()
+        data = rollouts_to_dataproto(kept, run.pad_id, uids=group_uids(kept, step))
+        compute_grpo_advantages(data, bool(cfg.algorithm.norm_adv_by_std_in_grpo))
+        metrics |= controller.reweight(data, step)
+        metrics["train/advantage_abs_mean"] = advantage_abs_mean(data)
+        metrics |= ppo_update(run.model, run.ref_model, run.optimizer, data, cfg, run.device, run.autocast_dtype)
+        metrics["timing/update"] = time.perf_counter() - t0
+    else:
+        log.warning("step %d: every rollout was excluded; no update", step)
+
+    # 4. Ω_{t+1} from C_t; the capability window restarts at an epoch end.
+    metrics |= controller.evolve(step)
+    if index == run.steps_per_epoch - 1:
+        controller.end_epoch()
+
+    # 5. Validation every test_freq steps and at the last one; a checkpoint every save_freq steps, at the
+    #    last one and on a new best.
+    last = step == run.total_steps
+    test_freq, save_freq = int(cfg.trainer.test_freq), int(cfg.trainer.save_freq)
+    improved = False
+    if test_freq > 0 and (step % test_freq == 0 or last):
+        val = validate(run, step)
+        improved = note_validation(run, step, val)
+        metrics |= val
+    if last or improved or (save_freq > 0 and step % save_freq == 0):
+        metrics |= checkpoint(run, step, improved)
+    metrics["timing/step"] = time.perf_counter() - t_step
+    return metrics
+
+
+# =========================================================================== plumbing
+# --------------------------------------------------------------------------- data order and episodes
 def epoch_order(num_tasks: int, epoch: int, seed: int, shuffle: bool) -> list[int]:
     """Task indices of one epoch: a permutation seeded by (seed, epoch), or file order."""
     if not shuffle:
@@ -116,12 +233,189 @@ def step_tasks(tasks: Sequence[Task], step: int, cfg: Any) -> tuple[int, int, li
     return epoch, index, [tasks[i] for i in order[index * size:(index + 1) * size]]
 
 
-# --------------------------------------------------------------------------- generation
 def episode_seed(base: int, step: int, index: int) -> int:
     return ((int(base) * 1_000_003 + int(step)) * 100_003 + int(index)) % (2**62)
 
 
-GenerateFactory = Callable[[Any, Any, torch.device], GenerateFn]
+def training_requests(cfg: Any, tasks: Sequence[Task], omega: dict | None, params: SamplingParams,
+                      step: int) -> list[EpisodeRequest]:
+    """Each task `rollout.n` times (consecutive rows: one GRPO group), each episode seeded by its index."""
+    reqs: list[EpisodeRequest] = []
+    for t in tasks:
+        for _ in range(int(cfg.rollout.n)):
+            reqs.append(EpisodeRequest(t.task_id, "train", omega,
+                                       replace(params, seed=episode_seed(int(cfg.seed), step, len(reqs)))))
+    return reqs
+
+
+def play(run: LocalRun, requests: list[EpisodeRequest], params: SamplingParams,
+         reward_fn: Callable[[dict], float], desc: str) -> list[Rollout]:
+    """Run the episodes against the env service (one event loop per batch) with a progress bar."""
+    return asyncio.run(_play(run.cfg, run.generate, run.tokenizer, requests, params, reward_fn, desc))
+
+
+async def _play(cfg: Any, generate: GenerateFn, tokenizer: Any, requests: list[EpisodeRequest],
+                params: SamplingParams, reward_fn: Callable[[dict], float], desc: str) -> list[Rollout]:
+    bar = progress(len(requests), desc)
+    try:
+        async with EnvClient(list(cfg.env.urls), timeout=float(cfg.env.timeout_s),
+                             max_retries=int(cfg.env.max_retries)) as client:
+            return await run_batch(client, generate, tokenizer, requests, params, C.rollout_limits(cfg),
+                                   concurrency=int(cfg.rollout.concurrency), reward_fn=reward_fn,
+                                   max_restarts=int(cfg.env.max_restarts), on_done=lambda i, r: bar.update(1))
+    finally:
+        bar.close()
+
+
+def rollout_metrics(rollouts: Sequence[Rollout], prefix: str = "rollout/") -> dict[str, float]:
+    n = len(rollouts)
+    if not n:
+        return {}
+    out = {
+        f"{prefix}response_length_mean": sum(len(r.response_ids) for r in rollouts) / n,
+        f"{prefix}prompt_length_mean": sum(len(r.prompt_ids) for r in rollouts) / n,
+        f"{prefix}model_calls_mean": sum(r.num_model_calls for r in rollouts) / n,
+        f"{prefix}truncated_frac": sum(1.0 for r in rollouts if r.truncated) / n,
+    }
+    for reason, count in Counter(r.stop_reason for r in rollouts).items():
+        out[f"{prefix}stop/{reason}"] = float(count)
+    return out
+
+
+def advantage_abs_mean(data: Any) -> float:
+    """Mean |A| over the response tokens that train (after A-Patch)."""
+    mask = data.batch["response_mask"]
+    return float((data.batch["advantages"].abs() * mask).sum() / mask.sum().clamp(min=1))
+
+
+# --------------------------------------------------------------------------- validation and the best checkpoint
+def _accuracy_reward(result: dict) -> float:
+    return float(result["accuracy"])
+
+
+def validate(run: LocalRun, step: int) -> dict[str, float]:
+    """Greedy validation on the raw interface (n = rollout.val_n); writes `validation/step_<N>.jsonl`."""
+    cfg = run.cfg
+    params = C.sampling_params(cfg, "val")
+    reqs = [EpisodeRequest(t.task_id, "eval", None, replace(params, seed=episode_seed(cfg.seed, -1 - step, i)))
+            for i, t in enumerate(t for t in run.val_tasks for _ in range(int(cfg.rollout.val_n)))]
+    t0 = time.perf_counter()
+    rollouts = play(run, reqs, params, _accuracy_reward, f"validation@{step}")
+    metrics = SealController.validation_metrics(rollouts)
+    metrics |= rollout_metrics(rollouts, "val_rollout/")
+    metrics["timing/validation"] = time.perf_counter() - t0
+    out = run.run.validation_file(step)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w", encoding="utf-8") as fh:
+        for r in rollouts:
+            fh.write(json.dumps({"task_id": r.task_id, "category": r.category, "accuracy": r.accuracy,
+                                 "failure_tags": r.failure_tags, "paper_labels": r.paper_labels,
+                                 "num_model_calls": r.num_model_calls, "excluded": r.excluded,
+                                 "exclude_reason": r.exclude_reason}) + "\n")
+    return metrics
+
+
+def note_validation(run: LocalRun, step: int, metrics: dict[str, float]) -> bool:
+    """Record a new best (`seal.run_dir.improves` on `trainer.best_metric`); True when this step is it."""
+    key = str(run.cfg.trainer.best_metric)
+    value = metrics.get(key)
+    if not improves(value, None if run.best is None else run.best["value"]):
+        return False
+    run.best = best_record(step, Checkpoints.ref(step), key, float(value))
+    return True
+
+
+# --------------------------------------------------------------------------- checkpoint I/O
+def checkpoint(run: LocalRun, step: int, improved: bool) -> dict[str, float]:
+    """Save step `step` (and `best.json` when it is the new best); returns its timing."""
+    t0 = time.perf_counter()
+    save_checkpoint(run.run, step, run.model, run.tokenizer, run.optimizer, run.controller, trainer_state(run, step))
+    if improved:
+        run.run.checkpoints.write_best(run.best)
+    return {"timing/checkpoint": time.perf_counter() - t0}
+
+
+def trainer_state(run: LocalRun, step: int) -> dict[str, Any]:
+    epoch, index = divmod(step, run.steps_per_epoch)
+    return {"step": step, "epoch": epoch, "batch_in_epoch": index, "best": run.best,
+            "run_id": run.controller.run_id, "total_steps": run.total_steps}
+
+
+def save_checkpoint(run: RunDir, step: int, model: Any, tokenizer: Any, optimizer: torch.optim.Optimizer,
+                    controller: SealController, state: dict[str, Any]) -> Path:
+    """`checkpoints/step_<N>/`: HF model + tokenizer, `seal_state.json`, optimizer + trainer state.
+
+    Assembled in a staging folder and renamed into place, then `latest.json` points at it: an
+    interrupted save never leaves a half-written checkpoint that resume would pick.
+    """
+    ckpts = run.checkpoints
+    final, tmp = ckpts.step_dir(step), ckpts.staging_dir(step)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(str(tmp))
+    tokenizer.save_pretrained(str(tmp))
+    controller.save(tmp)
+    torch.save({"optimizer": optimizer.state_dict(), **state,
+                "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}},
+               tmp / TRAINER_STATE_FILE)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    ckpts.write_latest(step)
+    return final
+
+
+def resume_point(cfg: Any, run: RunDir) -> Path | None:
+    """The checkpoint to resume from: `trainer.resume` auto (latest.json), disable, or a directory."""
+    mode = str(cfg.trainer.resume)
+    if mode == "disable":
+        return None
+    if mode == "auto":
+        return run.latest_checkpoint()
+    path = Path(mode)
+    if not path.is_dir():
+        raise FileNotFoundError(f"trainer.resume: checkpoint directory {path} does not exist")
+    return path
+
+
+def restore_checkpoint(folder: Path, optimizer: torch.optim.Optimizer, controller: SealController,
+                       force: bool) -> tuple[int, dict[str, Any] | None]:
+    """Optimizer, controller and RNG states from a checkpoint; returns (step, best record)."""
+    state = torch.load(folder / TRAINER_STATE_FILE, map_location="cpu", weights_only=False)
+    optimizer.load_state_dict(state["optimizer"])
+    controller.load(folder, force=force)
+    torch.set_rng_state(state["rng"]["torch"])
+    np.random.set_state(state["rng"]["numpy"])
+    random.setstate(state["rng"]["python"])
+    log.info("resumed from %s (step %d, run %s)", folder, int(state["step"]), controller.run_id)
+    return int(state["step"]), state.get("best")
+
+
+# --------------------------------------------------------------------------- device and model
+def _device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _dtypes(cfg: Any, device: torch.device) -> torch.dtype | None:
+    """Autocast dtype: weights and optimizer stay float32 (lr 1e-6 updates vanish in bf16 weights);
+    on a GPU the forward passes run in `model.dtype`. On CPU everything is float32."""
+    if device.type != "cuda" or cfg.model.dtype == "float32":
+        return None
+    return torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float16
+
+
+def prepare_model_path(cfg: Any) -> Path:
+    """The model directory; builds the tiny random Qwen2 there first when `model.build_tiny` is on."""
+    path = Path(str(cfg.model.path))
+    if cfg.model.build_tiny:
+        if not (path / "config.json").is_file():
+            from seal.tiny_model import build_tiny_qwen2
+
+            log.info("building a tiny random Qwen2 at %s", path)
+            build_tiny_qwen2(path, hidden=int(cfg.model.tiny.hidden), layers=int(cfg.model.tiny.layers),
+                             seed=int(cfg.model.tiny.seed))
+        return path
+    return path if path.exists() else Path(str(cfg.model.path))  # a hub id: transformers resolves it
 
 
 # --------------------------------------------------------------------------- log-probs and the update
@@ -272,275 +566,3 @@ def ppo_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Optimiz
         metrics["actor/kl_coef"] = float(actor.kl_loss_coef)
     metrics["actor/num_mini_batches"] = float(len(minis) * int(actor.ppo_epochs))
     return metrics
-
-
-# --------------------------------------------------------------------------- checkpoints
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The checkpoint named by `checkpoints/latest.json`, if any."""
-    pointer = run_dir / CHECKPOINTS / "latest.json"
-    if not pointer.is_file():
-        return None
-    entry = json.loads(pointer.read_text(encoding="utf-8"))
-    path = run_dir / entry["path"]
-    return path if path.is_dir() else None
-
-
-def save_checkpoint(run_dir: Path, step: int, model: Any, tokenizer: Any, optimizer: torch.optim.Optimizer,
-                    controller: SealController, trainer_state: dict[str, Any]) -> Path:
-    """`checkpoints/step_<N>/`: HF model + tokenizer, `seal_state.json`, optimizer + trainer state."""
-    root = run_dir / CHECKPOINTS
-    final = root / f"step_{step}"
-    tmp = root / f".step_{step}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    model.save_pretrained(str(tmp))
-    tokenizer.save_pretrained(str(tmp))
-    controller.save(tmp)
-    torch.save({"optimizer": optimizer.state_dict(), **trainer_state,
-                "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}},
-               tmp / TRAINER_STATE)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    write_json_atomic(root / "latest.json", {"step": step, "path": f"{CHECKPOINTS}/step_{step}"})
-    return final
-
-
-# --------------------------------------------------------------------------- the run
-def _device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def _dtypes(cfg: Any, device: torch.device) -> torch.dtype | None:
-    """Autocast dtype: weights and optimizer stay float32 (lr 1e-6 updates vanish in bf16 weights);
-    on a GPU the forward passes run in `model.dtype`. On CPU everything is float32."""
-    if device.type != "cuda" or cfg.model.dtype == "float32":
-        return None
-    return torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float16
-
-
-def prepare_model_path(cfg: Any) -> Path:
-    """The model directory; builds the tiny random Qwen2 there first when `model.build_tiny` is on."""
-    path = Path(str(cfg.model.path))
-    if cfg.model.build_tiny:
-        if not (path / "config.json").is_file():
-            from seal.tiny_model import build_tiny_qwen2
-
-            log.info("building a tiny random Qwen2 at %s", path)
-            build_tiny_qwen2(path, hidden=int(cfg.model.tiny.hidden), layers=int(cfg.model.tiny.layers),
-                             seed=int(cfg.model.tiny.seed))
-        return path
-    return path if path.exists() else Path(str(cfg.model.path))  # a hub id: transformers resolves it
-
-
-def _rollout_metrics(rollouts: Sequence[Rollout], prefix: str = "rollout/") -> dict[str, float]:
-    n = len(rollouts)
-    if not n:
-        return {}
-    out = {
-        f"{prefix}response_length_mean": sum(len(r.response_ids) for r in rollouts) / n,
-        f"{prefix}prompt_length_mean": sum(len(r.prompt_ids) for r in rollouts) / n,
-        f"{prefix}model_calls_mean": sum(r.num_model_calls for r in rollouts) / n,
-        f"{prefix}truncated_frac": sum(1.0 for r in rollouts if r.truncated) / n,
-    }
-    for reason, count in Counter(r.stop_reason for r in rollouts).items():
-        out[f"{prefix}stop/{reason}"] = float(count)
-    return out
-
-
-async def _play(cfg: Any, generate: GenerateFn, tokenizer: Any, requests: list[EpisodeRequest],
-                params: SamplingParams, reward_fn: Callable[[dict], float], desc: str) -> list[Rollout]:
-    bar = progress(len(requests), desc)
-    try:
-        async with EnvClient(list(cfg.env.urls), timeout=float(cfg.env.timeout_s),
-                             max_retries=int(cfg.env.max_retries)) as client:
-            return await run_batch(client, generate, tokenizer, requests, params, C.rollout_limits(cfg),
-                                   concurrency=int(cfg.rollout.concurrency), reward_fn=reward_fn,
-                                   max_restarts=int(cfg.env.max_restarts), on_done=lambda i, r: bar.update(1))
-    finally:
-        bar.close()
-
-
-def _accuracy_reward(result: dict) -> float:
-    return float(result["accuracy"])
-
-
-def validate(cfg: Any, generate: GenerateFn, tokenizer: Any, val_tasks: Sequence[Task], step: int,
-             run_dir: Path) -> dict[str, float]:
-    """Greedy validation on the raw interface (n = rollout.val_n); writes `validation/step_<N>.jsonl`."""
-    params = C.sampling_params(cfg, "val")
-    reqs = [EpisodeRequest(t.task_id, "eval", None, replace(params, seed=episode_seed(cfg.seed, -1 - step, i)))
-            for i, t in enumerate(t for t in val_tasks for _ in range(int(cfg.rollout.val_n)))]
-    t0 = time.perf_counter()
-    rollouts = asyncio.run(_play(cfg, generate, tokenizer, reqs, params, _accuracy_reward, f"validation@{step}"))
-    metrics = SealController.validation_metrics(rollouts)
-    metrics |= _rollout_metrics(rollouts, "val_rollout/")
-    metrics["timing/validation"] = time.perf_counter() - t0
-    out = run_dir / "validation"
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / f"step_{step}.jsonl", "w", encoding="utf-8") as fh:
-        for r in rollouts:
-            fh.write(json.dumps({"task_id": r.task_id, "category": r.category, "accuracy": r.accuracy,
-                                 "failure_tags": r.failure_tags, "paper_labels": r.paper_labels,
-                                 "num_model_calls": r.num_model_calls, "excluded": r.excluded,
-                                 "exclude_reason": r.exclude_reason}) + "\n")
-    return metrics
-
-
-def _resume_point(cfg: Any, run_dir: Path) -> Path | None:
-    mode = str(cfg.trainer.resume)
-    if mode == "disable":
-        return None
-    if mode == "auto":
-        return latest_checkpoint(run_dir)
-    path = Path(mode)
-    if not path.is_dir():
-        raise FileNotFoundError(f"trainer.resume: checkpoint directory {path} does not exist")
-    return path
-
-
-def train(cfg: Any, run_dir: str | os.PathLike[str], generate_factory: GenerateFactory | None = None
-          ) -> dict[str, Any]:
-    """Train with the local engine; returns `{"last_step", "best", "run_dir"}`.
-
-    `generate_factory(model, tokenizer, device) -> GenerateFn` replaces HF generation (tests use a
-    scripted backend); the update always uses the model.
-    """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # per-save/load shard bars would drown the step bars
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    seed = int(cfg.seed)
-    random.seed(seed)
-    np.random.seed(seed % (2**32))
-    torch.manual_seed(seed)
-    device = _device()
-    autocast_dtype = _dtypes(cfg, device)
-
-    train_tasks = load_tasks(cfg.data.train_files, cfg.data.max_train_tasks)
-    val_tasks = load_tasks(cfg.data.val_files, cfg.data.max_val_tasks)
-    total_steps = C.total_training_steps(cfg, len(train_tasks))
-    spe = C.steps_per_epoch(cfg, len(train_tasks))
-
-    base_path = prepare_model_path(cfg)
-    resume_from = _resume_point(cfg, run_dir)
-    load_path = resume_from if resume_from is not None else base_path
-    tokenizer = AutoTokenizer.from_pretrained(str(load_path))
-    model = AutoModelForCausalLM.from_pretrained(str(load_path), dtype=torch.float32).to(device)
-    model.eval()
-    ref_model = None
-    if cfg.actor.use_kl_loss:
-        ref_model = AutoModelForCausalLM.from_pretrained(str(base_path), dtype=torch.float32).to(device)
-        ref_model.eval().requires_grad_(False)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=float(cfg.actor.lr),
-                                  weight_decay=float(cfg.actor.weight_decay))
-    controller = SealController(cfg)
-    start_step = 0
-    best: dict[str, Any] | None = None
-    if resume_from is not None:
-        state = torch.load(resume_from / TRAINER_STATE, map_location="cpu", weights_only=False)
-        optimizer.load_state_dict(state["optimizer"])
-        controller.load(resume_from, force=str(cfg.trainer.resume) not in ("auto", "disable"))
-        start_step = int(state["step"])
-        best = state.get("best")
-        torch.set_rng_state(state["rng"]["torch"])
-        np.random.set_state(state["rng"]["numpy"])
-        random.setstate(state["rng"]["python"])
-        log.info("resumed from %s (step %d, run %s)", resume_from, start_step, controller.run_id)
-
-    logger = MetricsLogger(run_dir, list(cfg.trainer.logger), resume_step=start_step if resume_from else None,
-                           wandb_project=str(cfg.trainer.wandb_project), experiment_name=str(cfg.experiment_name),
-                           config=C.to_container(cfg))
-    generate = (generate_factory or (lambda m, t, d: HFGenerator(m, t, d, autocast_dtype)))(model, tokenizer, device)
-    pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
-    best_key = str(cfg.trainer.best_metric)
-    log.info("local engine: %d train tasks, %d val tasks, %d steps (%d per epoch), device %s, run %s",
-             len(train_tasks), len(val_tasks), total_steps, spe, device, controller.run_id)
-
-    def trainer_state(step: int) -> dict[str, Any]:
-        epoch, index = divmod(step, spe)
-        return {"step": step, "epoch": epoch, "batch_in_epoch": index, "best": best, "run_id": controller.run_id,
-                "total_steps": total_steps}
-
-    def after_validation(step: int, metrics: dict[str, float]) -> bool:
-        nonlocal best
-        value = metrics.get(best_key)
-        if value is None or (best is not None and not value > best["value"]):  # release: strict improvement
-            return False
-        best = {"step": step, "path": f"{CHECKPOINTS}/step_{step}", "metric": best_key, "value": float(value)}
-        return True
-
-    def checkpoint(step: int, improved: bool) -> dict[str, float]:
-        t0 = time.perf_counter()
-        save_checkpoint(run_dir, step, model, tokenizer, optimizer, controller, trainer_state(step))
-        if improved:
-            write_json_atomic(run_dir / CHECKPOINTS / "best.json", best)
-        return {"timing/checkpoint": time.perf_counter() - t0}
-
-    if start_step >= total_steps:
-        log.info("the run in %s is already complete (step %d of %d); trainer.resume=disable starts it over",
-                 run_dir, start_step, total_steps)
-    try:
-        if resume_from is None and cfg.trainer.val_before_train:
-            metrics = validate(cfg, generate, tokenizer, val_tasks, 0, run_dir)
-            improved = after_validation(0, metrics)
-            if improved:
-                metrics |= checkpoint(0, True)
-            logger.log(metrics, 0)
-        steps_bar = progress(total_steps, "training steps", leave=True)
-        steps_bar.update(start_step)
-        for step in range(start_step + 1, total_steps + 1):
-            t_step = time.perf_counter()
-            epoch, index, tasks = step_tasks(train_tasks, step, cfg)
-            controller.set_training_progress(step - 1, total_steps)
-            omega = controller.interface("train")
-            params = C.sampling_params(cfg, "train")
-            reqs = []
-            for t in tasks:
-                for _ in range(int(cfg.rollout.n)):
-                    reqs.append(EpisodeRequest(t.task_id, "train", omega,
-                                               replace(params, seed=episode_seed(seed, step, len(reqs)))))
-            t0 = time.perf_counter()
-            rollouts = asyncio.run(_play(cfg, generate, tokenizer, reqs, params, controller.reward_fn,
-                                         f"rollouts@{step}"))
-            metrics: dict[str, float] = {"timing/rollout": time.perf_counter() - t0,
-                                         "train/epoch": float(epoch), "train/step_in_epoch": float(index)}
-            metrics |= controller.observe(rollouts, step)
-            metrics |= _rollout_metrics(rollouts)
-            kept = [r for r in rollouts if not r.excluded]
-            if kept:
-                t0 = time.perf_counter()
-                data = rollouts_to_dataproto(kept, pad_id, uids=group_uids(kept, step))
-                compute_grpo_advantages(data, bool(cfg.algorithm.norm_adv_by_std_in_grpo))
-                metrics |= controller.reweight(data, step)
-                metrics["train/advantage_abs_mean"] = float(
-                    (data.batch["advantages"].abs() * data.batch["response_mask"]).sum()
-                    / data.batch["response_mask"].sum().clamp(min=1))
-                metrics |= ppo_update(model, ref_model, optimizer, data, cfg, device, autocast_dtype)
-                metrics["timing/update"] = time.perf_counter() - t0
-            else:
-                log.warning("step %d: every rollout was excluded; no update", step)
-            metrics |= controller.evolve(step)
-            if index == spe - 1:
-                controller.end_epoch()
-            last = step == total_steps
-            test_freq = int(cfg.trainer.test_freq)
-            improved = False
-            if test_freq > 0 and (step % test_freq == 0 or last):
-                val = validate(cfg, generate, tokenizer, val_tasks, step, run_dir)
-                improved = after_validation(step, val)
-                metrics |= val
-            save_freq = int(cfg.trainer.save_freq)
-            if last or improved or (save_freq > 0 and step % save_freq == 0):
-                metrics |= checkpoint(step, improved)
-            metrics["timing/step"] = time.perf_counter() - t_step
-            logger.log(metrics, step)
-            steps_bar.update(1)
-        steps_bar.close()
-    finally:
-        logger.close()
-    return {"last_step": total_steps, "best": best, "run_dir": str(run_dir), "run_id": controller.run_id}

@@ -272,7 +272,7 @@ def rollout_to_output(rollout: Rollout, *, eos_id: int, fallback_prompt_ids: lis
 class SealBfclAgentLoop(AgentLoopBase):
     """One BFCL multi-turn episode against the env service (see the module docstring)."""
 
-    _warned_no_feed = False
+    warned_no_feed = False  # one warning per worker process
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         resources = _resources_for(self.config)
@@ -282,10 +282,10 @@ class SealBfclAgentLoop(AgentLoopBase):
         if feed is None:
             # Without our trainer mode nothing says whether this is training; the raw interface in
             # eval mode is always allowed and never leaks the training interface.
-            if not SealBfclAgentLoop._warned_no_feed:
+            if not SealBfclAgentLoop.warned_no_feed:
                 log.warning("no %s in the batch (trainer mode is not %r?): episodes run in eval mode with "
                             "the raw interface", FEED_KEY, "seal")
-                SealBfclAgentLoop._warned_no_feed = True
+                SealBfclAgentLoop.warned_no_feed = True
             feed = EpisodeFeed()
         params = SamplingParams(temperature=float(sampling_params.get("temperature", 1.0)),
                                 top_p=float(sampling_params.get("top_p", 1.0)),
@@ -301,10 +301,10 @@ class SealBfclAgentLoop(AgentLoopBase):
             )
         need_logprobs = bool(self.rollout_config.get("calculate_log_probs", False))
         return rollout_to_output(rollout, eos_id=int(self.tokenizer.eos_token_id),
-                                 fallback_prompt_ids=self._fallback_prompt(kwargs),
+                                 fallback_prompt_ids=self.fallback_prompt(kwargs),
                                  global_steps=steps.fields(), need_logprobs=need_logprobs)
 
-    def _fallback_prompt(self, row: dict[str, Any]) -> list[int]:
+    def fallback_prompt(self, row: dict[str, Any]) -> list[int]:
         """Token ids of the dataset prompt, for the placeholder of an episode that never started."""
         messages = row.get("raw_prompt")
         if not messages:

@@ -31,11 +31,12 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from seal import recipe as C
+from seal.run_dir import VERL_STEP_PREFIX, RunDir
 
 AGENT_LOOP_NAME = "seal_bfcl"  # seal.engines.verl.agent_loop.SealBfclAgentLoop
 TRAINER_MODE = "seal"  # seal.engines.verl.trainer.SealTrainer
 ROLLOUT_ENGINE = "vllm"
-# Release (§7.2): the reference policy's parameters are offloaded to CPU.
+# Release: the reference policy's parameters are offloaded to CPU.
 REF_PARAM_OFFLOAD = True
 # Ours: checkpoints also carry Hugging Face weights (actor/huggingface) so `seal.evaluate` / vLLM can
 # serve any checkpoint directly; verl's default saves FSDP shards only.
@@ -94,7 +95,7 @@ def resume_settings(resume: str) -> dict[str, Any]:
     if resume in ("auto", "disable"):
         return {"trainer.resume_mode": resume, "trainer.resume_from_path": None}
     real = os.path.realpath(os.path.expanduser(resume))
-    if "global_step_" not in os.path.basename(real):
+    if VERL_STEP_PREFIX not in os.path.basename(real):
         raise ValueError(f"trainer.resume: {resume!r} is not a verl checkpoint directory "
                          "(checkpoints/step_N or checkpoints/global_step_N)")
     return {"trainer.resume_mode": "resume_path", "trainer.resume_from_path": real}
@@ -189,7 +190,7 @@ def recipe_overrides(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         "trainer.logger": loggers,
         "trainer.project_name": str(t.wandb_project),
         "trainer.experiment_name": str(cfg.experiment_name),
-        "trainer.default_local_dir": str(run_dir / "checkpoints"),
+        "trainer.default_local_dir": str(RunDir(run_dir).checkpoints.root),
         "trainer.device": "cuda",
         "trainer.use_v1": True,
         "trainer.v1.trainer_mode": TRAINER_MODE,

@@ -4,7 +4,8 @@ What it does, in order:
 1. refuses at once without CUDA GPUs or without vLLM (clear message; the CPU path is the local engine,
    `python launcher.py --conf exp/tiny_cpu.yaml`);
 2. checks that every env-service URL answers `/healthz` (the launcher starts the service);
-3. writes round-robin task subsets when `data.max_train_tasks` / `max_val_tasks` are set;
+3. writes the task subsets (`seal.engines.data`, the local engine's rule) when `data.max_train_tasks` /
+   `max_val_tasks` are set;
 4. builds verl's config (`seal.engines.verl.config.to_verl_config`) and lets verl validate it;
 5. runs verl's own entry (`verl.trainer.main_ppo.run_ppo` with the v1 `TaskRunnerV1`) with trainer mode
    `seal`. verl starts Ray (several nodes: start a Ray cluster first and export `RAY_ADDRESS`, or the
@@ -26,7 +27,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from seal import recipe as C
+from seal.engines.data import write_subset
 from seal.engines.verl.config import to_verl_config
+from seal.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -76,31 +79,6 @@ def check_env_services(urls: Sequence[str], timeout: float = 5.0) -> None:
         log.warning("env replica %s does not answer; episodes go to the others", url)
 
 
-def round_robin_subset(parquet: str, n: int, out: Path) -> str:
-    """The first `n` rows taken round-robin over `data_source` (category), in file order per category,
-    written to `out` (the whole file when `n` covers it)."""
-    import pandas as pd
-
-    df = pd.read_parquet(parquet)
-    if n >= len(df):
-        return parquet
-    from env_service.vocab import CATEGORIES
-
-    # Same order as the local engine's subsets (seal.engines.local.engine.load_tasks): the paper's categories first.
-    by_cat = {str(c): g.index.tolist() for c, g in df.groupby("data_source", sort=True)}
-    groups = [by_cat[c] for c in CATEGORIES if c in by_cat] + [v for c, v in by_cat.items() if c not in CATEGORIES]
-    order: list[int] = []
-    depth = 0
-    while len(order) < n:
-        for g in groups:
-            if depth < len(g) and len(order) < n:
-                order.append(g[depth])
-        depth += 1
-    out.parent.mkdir(parents=True, exist_ok=True)
-    df.loc[order].reset_index(drop=True).to_parquet(out)
-    return str(out)
-
-
 def plugin_env_vars() -> dict[str, str]:
     """Environment for every Ray process: load our plugin, find our packages, wandb offline without a key."""
     repo = str(C.REPO_ROOT)
@@ -120,16 +98,16 @@ def plugin_env_vars() -> dict[str, str]:
 def build_verl_config(cfg: DictConfig, run_dir: str | os.PathLike[str],
                       overrides: Sequence[str] = ()) -> DictConfig:
     """The verl config of a run: subsets written under `run_dir/data`, Ray settings for our plugin."""
-    run = Path(run_dir).resolve()
+    run = RunDir(Path(run_dir).resolve())
     cfg = cfg.copy()
     with open_dict(cfg):
         if cfg.data.max_train_tasks is not None:
-            cfg.data.train_files = round_robin_subset(_abs(cfg.data.train_files), int(cfg.data.max_train_tasks),
-                                                      run / "data" / "train_subset.parquet")
+            cfg.data.train_files = write_subset(_abs(cfg.data.train_files), int(cfg.data.max_train_tasks),
+                                                run.subset_file("train"))
         if cfg.data.max_val_tasks is not None:
-            cfg.data.val_files = round_robin_subset(_abs(cfg.data.val_files), int(cfg.data.max_val_tasks),
-                                                    run / "data" / "val_subset.parquet")
-    verl_cfg = to_verl_config(cfg, run, overrides)
+            cfg.data.val_files = write_subset(_abs(cfg.data.val_files), int(cfg.data.max_val_tasks),
+                                              run.subset_file("val"))
+    verl_cfg = to_verl_config(cfg, run.root, overrides)
     with open_dict(verl_cfg):
         ray_init = verl_cfg.ray_kwargs.ray_init
         current = OmegaConf.select(ray_init, "runtime_env.env_vars")
@@ -159,10 +137,14 @@ def train(cfg: DictConfig, run_dir: str | os.PathLike[str], overrides: Sequence[
     from verl.utils.config import validate_config
     from verl.utils.device import auto_set_device
 
+    # The adapter checks the installed verl version when imported: a clear error here, before Ray
+    # starts workers whose plugin would only log it.
+    import seal.engines.verl.adapter  # noqa: F401
     import seal.engines.verl.plugin  # noqa: F401  - registration in the driver as well
 
     auto_set_device(verl_cfg)
     validate_config(verl_cfg, use_reference_policy=need_reference_policy(verl_cfg), use_critic=need_critic(verl_cfg))
-    Path(run_dir).mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(verl_cfg, Path(run_dir) / "verl_config.yaml")
+    run = RunDir(run_dir)
+    run.root.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(verl_cfg, run.verl_config_file)
     run_ppo(verl_cfg, task_runner_class=TaskRunnerV1)

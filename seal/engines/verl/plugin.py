@@ -100,14 +100,4 @@ def install() -> None:
             sys.meta_path.insert(0, _FINDER)
 
 
-def registered() -> dict[str, bool]:
-    """Whether our agent loop and trainer mode are in verl's registries (imports verl's packages)."""
-    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
-    from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
-
-    from seal.engines.verl.config import AGENT_LOOP_NAME, TRAINER_MODE
-
-    return {"agent_loop": AGENT_LOOP_NAME in _agent_loop_registry, "trainer_mode": TRAINER_MODE in TRAINER_REGISTRY}
-
-
 install()

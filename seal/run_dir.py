@@ -1,0 +1,298 @@
+"""The run directory `runs/<experiment_name>/`: its layout and the best-checkpoint rule, in one place.
+
+Both engines write it, the launcher creates it, `python -m seal.evaluate --run` reads it and the
+report scripts read its `metrics.jsonl` and `eval/`; docs/run_directory.md describes the contract.
+Every name and format here is what existing runs hold, so old runs still resume and evaluate::
+
+    config.yaml                         the resolved recipe (launcher)
+    env_service.log                     the env service the launcher started
+    metrics.jsonl                       one JSON object per line, each with an int "step"
+    validation/step_<N>.jsonl           per-episode validation records (local engine)
+    verl_config.yaml, data/<split>_subset.parquet          (verl engine)
+    checkpoints/step_<N>/               local: HF model + tokenizer, seal_state.json, trainer_state.pt
+    checkpoints/global_step_<N>/        verl: actor/ (shards, optimizer, actor/huggingface), seal_state.json;
+                                        checkpoints/step_<N> is a symlink to it
+    checkpoints/latest.json             {"step": N, "path": "checkpoints/step_N"}
+    checkpoints/best.json               {"step": N, "path": ..., "metric": ..., "value": float}
+    eval/last, eval/best                evaluation directories of those two checkpoints
+
+The best-checkpoint rule: a validation value is a new best only when it is strictly higher than the
+best so far, so the earliest step wins a tie (the release's rule). Training ranks on
+`trainer.best_metric`; evaluation ranks on `BEST_METRIC` (the overall average) and re-selects from
+`metrics.jsonl` when a `best.json` names another metric.
+
+This module is deliberately light (no torch, no recipe): the launcher and the report scripts import it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from seal.io_utils import write_json_atomic
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.yaml"
+METRICS_FILE = "metrics.jsonl"
+ENV_SERVICE_LOG = "env_service.log"
+VERL_CONFIG_FILE = "verl_config.yaml"
+VALIDATION_DIR = "validation"
+DATA_DIR = "data"
+EVAL_DIR = "eval"
+CHECKPOINTS_DIR = "checkpoints"
+LATEST_FILE = "latest.json"
+BEST_FILE = "best.json"
+STEP_PREFIX = "step_"
+VERL_STEP_PREFIX = "global_step_"  # verl names its checkpoint folders so and parses the step from the name
+# Written by SealController.save (seal.core.controller.STATE_FILE; seal.core may not import this module,
+# tests/test_run_dir.py keeps the two equal).
+SEAL_STATE_FILE = "seal_state.json"
+TRAINER_STATE_FILE = "trainer_state.pt"  # local engine: optimizer, step, best record, RNG states
+
+BEST_METRIC = "val/accuracy/average"  # the overall average: mean of the four category accuracies
+
+
+# --------------------------------------------------------------------------- the best-checkpoint rule
+def improves(value: float | None, best_value: float | None) -> bool:
+    """Whether a validation `value` is a new best over `best_value` (None = no best yet).
+
+    Strictly higher only: on a tie the earlier checkpoint stays best. A missing value never improves.
+    """
+    if value is None:
+        return False
+    return best_value is None or float(value) > float(best_value)
+
+
+def best_record(step: int, path: str, metric: str, value: float) -> dict[str, Any]:
+    """The `best.json` object."""
+    return {"step": int(step), "path": str(path), "metric": str(metric), "value": float(value)}
+
+
+# --------------------------------------------------------------------------- layout
+class Checkpoints:
+    """`<run>/checkpoints/`: step folders and the latest / best pointers.
+
+    The verl engine passes verl's `trainer.default_local_dir` here (normally `<run>/checkpoints`).
+    The `path` entries of the pointers are relative to the run directory (`checkpoints/step_N`).
+    """
+
+    def __init__(self, root: str | os.PathLike[str]):
+        self.root = Path(root)
+
+    @staticmethod
+    def ref(step: int) -> str:
+        """How the pointers name a step's checkpoint: `checkpoints/step_N` (relative to the run)."""
+        return f"{CHECKPOINTS_DIR}/{STEP_PREFIX}{int(step)}"
+
+    def step_dir(self, step: int) -> Path:
+        return self.root / f"{STEP_PREFIX}{int(step)}"
+
+    def staging_dir(self, step: int) -> Path:
+        """Where a step's checkpoint is assembled before it is renamed into place (local engine)."""
+        return self.root / f".{STEP_PREFIX}{int(step)}.tmp"
+
+    def verl_step_dir(self, step: int) -> Path:
+        return self.root / f"{VERL_STEP_PREFIX}{int(step)}"
+
+    def link_verl_step(self, step: int) -> Path:
+        """`step_N` -> `global_step_N` (relative symlink), replacing an older link or file."""
+        link = self.step_dir(step)
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(self.verl_step_dir(step).name, target_is_directory=True)
+        return link
+
+    @property
+    def latest_file(self) -> Path:
+        return self.root / LATEST_FILE
+
+    @property
+    def best_file(self) -> Path:
+        return self.root / BEST_FILE
+
+    def write_latest(self, step: int) -> None:
+        write_json_atomic(self.latest_file, {"step": int(step), "path": self.ref(step)})
+
+    def write_best(self, record: Mapping[str, Any]) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.best_file, dict(record))
+
+    def read_best(self) -> dict[str, Any] | None:
+        """`best.json` as written (None without one)."""
+        if not self.best_file.is_file():
+            return None
+        return json.loads(self.best_file.read_text(encoding="utf-8"))
+
+    def saved_steps(self) -> dict[int, Path]:
+        """`step -> checkpoints/step_N` for every step folder (or verl link) present."""
+        out: dict[int, Path] = {}
+        for path in self.root.glob(f"{STEP_PREFIX}*"):
+            number = path.name[len(STEP_PREFIX):]
+            if path.is_dir() and number.isdigit():
+                out[int(number)] = path
+        return out
+
+
+class RunDir:
+    """Paths of one run directory (nothing is created until an engine or the launcher writes)."""
+
+    def __init__(self, root: str | os.PathLike[str]):
+        self.root = Path(root)
+
+    @classmethod
+    def of(cls, run_root: str | os.PathLike[str], experiment_name: str,
+           base: str | os.PathLike[str] | None = None) -> RunDir:
+        """`<run_root>/<experiment_name>`; a relative `run_root` is taken from `base` (default: the cwd)."""
+        root = Path(run_root)
+        if not root.is_absolute() and base is not None:
+            root = Path(base) / root
+        return cls(root / str(experiment_name))
+
+    def __fspath__(self) -> str:
+        return str(self.root)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.root)!r})"
+
+    @property
+    def config_file(self) -> Path:
+        return self.root / CONFIG_FILE
+
+    @property
+    def metrics_file(self) -> Path:
+        return self.root / METRICS_FILE
+
+    @property
+    def env_service_log(self) -> Path:
+        return self.root / ENV_SERVICE_LOG
+
+    @property
+    def verl_config_file(self) -> Path:
+        return self.root / VERL_CONFIG_FILE
+
+    @property
+    def checkpoints(self) -> Checkpoints:
+        return Checkpoints(self.root / CHECKPOINTS_DIR)
+
+    def validation_file(self, step: int) -> Path:
+        return self.root / VALIDATION_DIR / f"{STEP_PREFIX}{int(step)}.jsonl"
+
+    def subset_file(self, split: str) -> Path:
+        """Where the verl engine writes a round-robin subset of a split (`train` or `val`)."""
+        return self.root / DATA_DIR / f"{split}_subset.parquet"
+
+    def eval_dir(self, name: str) -> Path:
+        """`eval/<name>` (`last` and `best` for `seal.evaluate --run`)."""
+        return self.root / EVAL_DIR / name
+
+    def latest_checkpoint(self) -> Path | None:
+        """The checkpoint `checkpoints/latest.json` names, if it exists."""
+        pointer = self.checkpoints.latest_file
+        if not pointer.is_file():
+            return None
+        entry = json.loads(pointer.read_text(encoding="utf-8"))
+        path = self.root / entry["path"]
+        return path if path.is_dir() else None
+
+
+# --------------------------------------------------------------------------- checkpoint selection
+@dataclass(frozen=True)
+class CheckpointChoice:
+    name: str  # "last" | "best"
+    step: int
+    path: Path  # the checkpoint directory
+    selection: str  # how it was chosen (recorded in the summary's notes)
+
+
+def _read_pointer(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("step"), int):
+        raise ValueError(f"{path}: expected an object with an integer 'step'")
+    return data
+
+
+def validation_averages(metrics_path: Path) -> dict[int, float]:
+    """``step -> val/accuracy/average`` from a run's metrics.jsonl (later lines for a step win)."""
+    out: dict[int, float] = {}
+    if not metrics_path.is_file():
+        return out
+    for number, line in enumerate(metrics_path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            raise ValueError(f"{metrics_path}:{number}: not JSON") from None
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and BEST_METRIC in row:
+            out[row["step"]] = float(row[BEST_METRIC])
+    return out
+
+
+def best_step(averages: dict[int, float], available: set[int]) -> int | None:
+    """The checkpointed step with the highest overall validation average (earliest on ties: `improves`)."""
+    best: int | None = None
+    for step in sorted(averages):
+        if step in available and improves(averages[step], None if best is None else averages[best]):
+            best = step
+    return best
+
+
+def select_checkpoints(run_dir: str | os.PathLike[str]) -> list[CheckpointChoice]:
+    """The run's last and best checkpoints (docs/run_directory.md), best on ``val/accuracy/average``."""
+    run = RunDir(run_dir)
+    ckpts = run.checkpoints
+    if not ckpts.root.is_dir():
+        raise ValueError(f"{run.root}: no {CHECKPOINTS_DIR}/ folder (not a run directory?)")
+    available = ckpts.saved_steps()
+    choices: list[CheckpointChoice] = []
+    if ckpts.latest_file.is_file():
+        latest = _read_pointer(ckpts.latest_file)
+        path = run.root / latest.get("path", ckpts.ref(latest["step"]))
+        choices.append(CheckpointChoice("last", latest["step"], path, f"{CHECKPOINTS_DIR}/{LATEST_FILE}"))
+    elif available:
+        step = max(available)
+        choices.append(CheckpointChoice("last", step, available[step], "highest step_N folder (no latest.json)"))
+    else:
+        raise ValueError(f"{ckpts.root}: no {LATEST_FILE} and no step_N checkpoints")
+
+    averages = validation_averages(run.metrics_file)
+    best = _read_pointer(ckpts.best_file) if ckpts.best_file.is_file() else None
+    if best is not None and best.get("metric") == BEST_METRIC:
+        path = run.root / best.get("path", ckpts.ref(best["step"]))
+        choices.append(CheckpointChoice("best", best["step"], path,
+                                        f"{CHECKPOINTS_DIR}/{BEST_FILE} ({BEST_METRIC} = {best.get('value')})"))
+    else:
+        step = best_step(averages, set(available))
+        why = ("best.json selects on " + repr(best.get("metric")) if best is not None else "no best.json")
+        if step is not None:
+            choices.append(CheckpointChoice("best", step, available[step],
+                                            f"re-selected on {BEST_METRIC} = {averages[step]} from {METRICS_FILE} "
+                                            f"({why})"))
+        else:
+            log.warning("%s: %s and no validation average for a saved checkpoint; evaluating last only",
+                        run.root, why)
+    return choices
+
+
+def hf_weights_dir(checkpoint: str | os.PathLike[str]) -> Path | None:
+    """The Hugging Face model folder inside a checkpoint, or None.
+
+    Local engine: the checkpoint folder itself; verl: `actor/huggingface` (verl's `hf_model` save
+    content) or `huggingface` (where `verl.model_merger` is told to merge the shards).
+    """
+    checkpoint = Path(checkpoint)
+    for candidate in (checkpoint, checkpoint / "huggingface", checkpoint / "actor" / "huggingface"):
+        if (candidate / "config.json").is_file() and (
+            any(candidate.glob("*.safetensors")) or any(candidate.glob("*.bin"))
+        ):
+            return candidate
+    return None
