@@ -47,7 +47,7 @@ def test_expected_recipes_exist():
 def test_every_recipe_composes_and_builds_its_configs(recipe):
     cfg = C.load_config(recipe)
     assert cfg.experiment_name == recipe.stem  # run directories never collide
-    SealController(cfg)  # the SEAL core dataclasses accept the seal.* block
+    SealController(cfg.seal)  # the SEAL core dataclasses accept the seal.* block
     C.rollout_limits(cfg)
     assert set(flat(cfg)) == set(flat(load("SEAL")))  # every recipe has exactly the documented keys
 
@@ -81,7 +81,7 @@ def test_seal_recipe_has_paper_table4_values():
     assert f["seal.interface.error_feedback"] == "adaptive"
     assert f["seal.interface.schema_required"] and f["seal.interface.schema_enum"]
     assert f["seal.apatch.enable"] and f["seal.capability.enable"]
-    assert C.apatch_config(cfg).static_weights()["spurious_tool_call"] == 2.0
+    assert cfg.seal.apatch_config.static_weights()["spurious_tool_call"] == 2.0
 
 
 ABLATIONS = {
@@ -104,7 +104,7 @@ def test_ablations_follow_the_released_semantics(name):
         assert cfg.seal.capability.enable is dynamic
     if interface:
         assert cfg.seal.interface.closed_loop is closed
-    controller = SealController(cfg)
+    controller = SealController(cfg.seal)
     omega = controller.interface("train")
     assert (omega is None) is (not interface)
     assert controller.interface("val") is None
@@ -124,7 +124,7 @@ def test_release_recipe_is_the_released_setting():
     assert cfg.seal.apatch.enable and cfg.seal.capability.enable
     assert cfg.rollout.gpu_memory_utilization == 0.4
     assert cfg.trainer.best_metric == "val/accuracy/multi_turn_base"
-    omega = SealController(cfg).interface("train")
+    omega = SealController(cfg.seal).interface("train")
     assert omega == {"version": 0, "schema": {"required": True, "enum": True, "types": False, "hide_optional": False},
                      "error_feedback": False, "cues": []}
 
@@ -151,12 +151,12 @@ def test_tiny_cpu_is_the_embedded_default():
 def test_overrides_keep_explicit_zeros_and_parse_values():
     cfg = load("SEAL", "seal.capability.ema_beta=0", "seal.interface.min_tag_count=0", "actor.kl_loss_coef=0",
                "rollout.n=4", "env.urls=[http://127.0.0.1:1,http://127.0.0.1:2]", "trainer.total_training_steps=3")
-    assert C.dynamic_weight_config(cfg).ema_beta == 0.0
-    assert C.evolve_config(cfg).min_tag_count == 0
+    assert cfg.seal.capability.ema_beta == 0.0
+    assert cfg.seal.evolve_config.min_tag_count == 0
     assert cfg.actor.kl_loss_coef == 0 and cfg.rollout.n == 4 and len(cfg.env.urls) == 2
     assert C.total_training_steps(cfg, 400) == 3
     weights = load("SEAL", "seal.apatch.tag_weights.pass=1.2")
-    assert C.apatch_config(weights).static_weights()["pass"] == 1.2
+    assert weights.seal.apatch_config.static_weights()["pass"] == 1.2
 
 
 @pytest.mark.parametrize("override,message", [
@@ -214,8 +214,8 @@ def test_typed_accessors():
     assert C.env_service_args(official) == ["--step-limit-scope", "turn", "--max-steps", "20",
                                             "--no-strict-availability"]
     assert C.run_dir(cfg, "/x") == Path("/x/runs/SEAL")
-    assert C.evolve_config(load("SEAL", "seal.diagnosis.vocabulary=paper")).vocabulary == "paper"
-    assert C.apatch_config(load("SEAL", "seal.diagnosis.vocabulary=paper")).tags_column == "paper_labels"
+    assert load("SEAL", "seal.diagnosis.vocabulary=paper").seal.evolve_config.vocabulary == "paper"
+    assert load("SEAL", "seal.diagnosis.vocabulary=paper").seal.apatch_config.tags_column == "paper_labels"
     with pytest.raises(C.ConfigError):
         C.total_training_steps(load("SEAL"), 10)  # fewer tasks than one batch
 

@@ -10,6 +10,7 @@ import pytest
 from seal import recipe as C
 from seal.core.apatch import trajectory_scale
 from seal.core.capability import RunMismatchError
+from seal.core.config import SealConfig
 from seal.core.controller import STATE_FILE, SealController
 from seal.engines.batching import compute_grpo_advantages, rollouts_to_dataproto
 from seal.rollout.types import Rollout
@@ -17,8 +18,8 @@ from seal.rollout.types import Rollout
 EXP = Path(__file__).resolve().parents[2] / "exp"
 
 
-def cfg(*overrides: str, recipe: str = "SEAL"):
-    return C.load_config(EXP / f"{recipe}.yaml", list(overrides))
+def cfg(*overrides: str, recipe: str = "SEAL") -> SealConfig:
+    return C.load_config(EXP / f"{recipe}.yaml", list(overrides)).seal
 
 
 def ro(task: str, accuracy: float, tags: list[str], labels: list[str] | None = None, excluded: bool = False,

@@ -107,7 +107,7 @@ def epoch_order(num_tasks: int, epoch: int, seed: int, shuffle: bool) -> list[in
     return torch.randperm(num_tasks, generator=gen).tolist()
 
 
-def step_tasks(tasks: Sequence[Task], step: int, cfg: Any) -> tuple[int, int, list[Task]]:
+def step_tasks(tasks: Sequence[Task], step: int, cfg: C.Recipe) -> tuple[int, int, list[Task]]:
     """(epoch, batch index, tasks) of global step `step` (1-based); full batches only (drop_last)."""
     spe = C.steps_per_epoch(cfg, len(tasks))
     epoch, index = divmod(step - 1, spe)
@@ -191,7 +191,7 @@ def batch_logprobs(model: Any, data: Any, micro: int, device: torch.device, temp
     return out * data.batch["response_mask"]
 
 
-def ppo_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Optimizer, data: Any, cfg: Any,
+def ppo_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Optimizer, data: Any, cfg: C.Recipe,
                device: torch.device, autocast_dtype: torch.dtype | None = None) -> dict[str, float]:
     """PPO/GRPO actor update on `data` (advantages already computed and A-Patched).
 
@@ -313,7 +313,7 @@ def _device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _dtypes(cfg: Any, device: torch.device) -> torch.dtype | None:
+def _dtypes(cfg: C.Recipe, device: torch.device) -> torch.dtype | None:
     """Autocast dtype: weights and optimizer stay float32 (lr 1e-6 updates vanish in bf16 weights);
     on a GPU the forward passes run in `model.dtype`. On CPU everything is float32."""
     if device.type != "cuda" or cfg.model.dtype == "float32":
@@ -321,7 +321,7 @@ def _dtypes(cfg: Any, device: torch.device) -> torch.dtype | None:
     return torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float16
 
 
-def prepare_model_path(cfg: Any) -> Path:
+def prepare_model_path(cfg: C.Recipe) -> Path:
     """The model directory; builds the tiny random Qwen2 there first when `model.build_tiny` is on."""
     path = Path(str(cfg.model.path))
     if cfg.model.build_tiny:
@@ -350,7 +350,7 @@ def _rollout_metrics(rollouts: Sequence[Rollout], prefix: str = "rollout/") -> d
     return out
 
 
-async def _play(cfg: Any, generate: GenerateFn, tokenizer: Any, requests: list[EpisodeRequest],
+async def _play(cfg: C.Recipe, generate: GenerateFn, tokenizer: Any, requests: list[EpisodeRequest],
                 params: SamplingParams, reward_fn: Callable[[dict], float], desc: str) -> list[Rollout]:
     bar = progress(len(requests), desc)
     try:
@@ -367,7 +367,7 @@ def _accuracy_reward(result: dict) -> float:
     return float(result["accuracy"])
 
 
-def validate(cfg: Any, generate: GenerateFn, tokenizer: Any, val_tasks: Sequence[Task], step: int,
+def validate(cfg: C.Recipe, generate: GenerateFn, tokenizer: Any, val_tasks: Sequence[Task], step: int,
              run_dir: Path) -> dict[str, float]:
     """Greedy validation on the raw interface (n = rollout.val_n); writes `validation/step_<N>.jsonl`."""
     params = C.sampling_params(cfg, "val")
@@ -389,7 +389,7 @@ def validate(cfg: Any, generate: GenerateFn, tokenizer: Any, val_tasks: Sequence
     return metrics
 
 
-def _resume_point(cfg: Any, run_dir: Path) -> Path | None:
+def _resume_point(cfg: C.Recipe, run_dir: Path) -> Path | None:
     mode = str(cfg.trainer.resume)
     if mode == "disable":
         return None
@@ -401,7 +401,7 @@ def _resume_point(cfg: Any, run_dir: Path) -> Path | None:
     return path
 
 
-def train(cfg: Any, run_dir: str | os.PathLike[str], generate_factory: GenerateFactory | None = None
+def train(cfg: C.Recipe, run_dir: str | os.PathLike[str], generate_factory: GenerateFactory | None = None
           ) -> dict[str, Any]:
     """Train with the local engine; returns `{"last_step", "best", "run_dir"}`.
 
@@ -438,7 +438,7 @@ def train(cfg: Any, run_dir: str | os.PathLike[str], generate_factory: GenerateF
         ref_model.eval().requires_grad_(False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=float(cfg.actor.lr),
                                   weight_decay=float(cfg.actor.weight_decay))
-    controller = SealController(cfg)
+    controller = SealController(cfg.seal)
     start_step = 0
     best: dict[str, Any] | None = None
     if resume_from is not None:

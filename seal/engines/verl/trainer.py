@@ -45,6 +45,7 @@ from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 from verl.utils import tensordict_utils as tu
 from verl.workers.utils.padding import response_to_nested
 
+from seal import recipe as C
 from seal.core.controller import STATE_FILE, SealController
 from seal.engines.verl.agent_loop import FEED_KEY, EpisodeFeed
 from seal.engines.verl.config import TRAINER_MODE
@@ -200,9 +201,9 @@ class SealTrainer(PPOTrainerSync):
         if config.algorithm.adv_estimator != "grpo":
             raise ValueError("A-Patch rescales GRPO advantages: algorithm.adv_estimator must be grpo")
         super().__init__(config)
-        self.recipe = seal.recipe
+        self.recipe = C.from_container(seal.recipe)
         self.run_dir = Path(str(seal.run_dir))
-        self.controller = SealController(self.recipe)
+        self.controller = SealController(self.recipe.seal)
         self.best: dict[str, Any] | None = None
         self._last_val: dict[str, float] = {}
 
