@@ -51,8 +51,14 @@ class SealConfig:
 
     def __post_init__(self) -> None:
         # Bound once here, so a tag that the vocabulary lacks fails when the config is built.
-        object.__setattr__(self, "_apatch", APatchConfig.bind(self.apatch, self.vocabulary))
-        object.__setattr__(self, "_evolve", EvolveConfig.bind(self.interface, self.vocabulary))
+        try:
+            object.__setattr__(self, "_apatch", APatchConfig.bind(self.apatch, self.vocabulary))
+        except ValueError as exc:
+            raise ValueError(f"apatch: {exc}") from exc
+        try:
+            object.__setattr__(self, "_evolve", EvolveConfig.bind(self.interface, self.vocabulary))
+        except ValueError as exc:
+            raise ValueError(f"interface: {exc}") from exc
 
     @property
     def vocabulary(self) -> str:

@@ -2,6 +2,7 @@
 
 One training step, in order (docs/seal_core.md; both engines, `seal.engines.local` and `seal.engines.verl`, do this)::
 
+    controller = SealController(recipe.seal)        # once per run: the recipe's seal.* block (SealConfig)
     omega    = controller.interface("train")        # Ω_t sent with this step's training episodes
     rollouts = <run the episodes; reward = controller.reward_fn(evaluate reply)>
     m  = controller.observe(rollouts, step)         # C_t: capability state over non-excluded rollouts

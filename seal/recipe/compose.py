@@ -29,9 +29,12 @@ Explicit zeros stay zeros everywhere: nothing here reads a value with `value or 
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -190,9 +193,27 @@ def _coercions(raw: Any, merged: Any, key: str, where: str) -> list[str]:
     return [f"{key}: expected {want}, got {got} ({raw!r}) (from {where})"]
 
 
+def _scalar_section(target: DictConfig, raw: Any, prefix: str) -> str:
+    """The first key where `raw` holds a non-mapping and the schema a section ("" if none)."""
+    if not isinstance(raw, dict):
+        return ""
+    for k, v in raw.items():
+        if k not in target:
+            continue
+        key = f"{prefix}.{k}" if prefix else str(k)
+        node = target._get_node(k)
+        if isinstance(node, DictConfig) and dataclasses.is_dataclass(OmegaConf.get_type(node)):
+            if not isinstance(v, dict):
+                return key
+            found = _scalar_section(node, v, key)
+            if found:
+                return found
+    return ""
+
+
 def _merge(target: DictConfig, update: DictConfig, where: str, problems: list[str]) -> DictConfig:
     """`target` merged with `update`; each unknown key or bad type goes to `problems` and is skipped."""
-    update = update.copy()
+    update = copy.deepcopy(update)  # refused keys are dropped from it
     for _ in range(1000):  # one retry per refused key, far more than any recipe has
         try:
             merged = OmegaConf.merge(target, update)
@@ -205,8 +226,13 @@ def _merge(target: DictConfig, update: DictConfig, where: str, problems: list[st
                 value = getattr(exc, "value", None)
                 problems.append(f"{key}: expected {_expected(target, key)}, got {_kind(value)} ({value!r}) "
                                 f"(from {where})")
-            else:
-                problems.append(f"{where}: {str(exc).splitlines()[0]}")
+            else:  # a section given as a scalar: OmegaConf does not say which
+                key = _scalar_section(target, OmegaConf.to_container(update, resolve=False), "")
+                if key:
+                    value = OmegaConf.select(update, key)
+                    problems.append(f"{key}: expected a mapping, got {_kind(value)} ({value!r}) (from {where})")
+                else:
+                    problems.append(f"{where}: {str(exc).splitlines()[0]}")
             if not key or not _drop(update, key):
                 return target
             continue
@@ -218,37 +244,47 @@ def _merge(target: DictConfig, update: DictConfig, where: str, problems: list[st
 
 
 # --------------------------------------------------------------------------- building
-def _build(node: DictConfig, key: str, problems: list[str]) -> Any:
-    """The dataclass object of a merged structured `node`; None (with `problems` filled) if invalid.
+def _build(node: DictConfig, key: str, problems: list[str]) -> tuple[Any, bool]:
+    """The dataclass object of a merged structured `node` and whether it is valid (`problems` say why not).
 
     OmegaConf.to_object would stop at the first `__post_init__` that raises; this goes on through the
-    other sections so one load reports every problem, each under its key.
+    other sections so one load reports every problem, each under its key. A section with a bad knob is
+    still built when it can be (so the root's cross-key rules can be checked), but counts as invalid.
     """
     cls = OmegaConf.get_type(node)
     assert cls is not None and dataclasses.is_dataclass(cls)
     values: dict[str, Any] = {}
-    complete = True
+    valid = True
+    unbuilt = False  # a section that could not be built at all
     for f in dataclasses.fields(cls):
         child = node._get_node(f.name)
         sub = f"{key}.{f.name}" if key else f.name
         if isinstance(child, DictConfig) and dataclasses.is_dataclass(OmegaConf.get_type(child)):
-            values[f.name] = _build(child, sub, problems)
-            complete = complete and values[f.name] is not None
+            values[f.name], ok = _build(child, sub, problems)
+            valid = valid and ok
+            unbuilt = unbuilt or values[f.name] is None
         elif isinstance(child, (DictConfig, ListConfig)):
             values[f.name] = OmegaConf.to_container(child, resolve=True)
         else:
             values[f.name] = node[f.name]
+    if cls is Recipe and not valid:
+        # The root cannot be built, but its cross-key rules may still be checked on the sections.
+        with contextlib.suppress(AttributeError, TypeError):  # a rule reads a section that could not be built
+            problems += Recipe.check(SimpleNamespace(**values))  # type: ignore[arg-type]
+        return None, False
     own = knob_problems(cls, values, key) if cls is not Recipe else []  # the root checks itself
     problems += own
-    if not complete or own:
-        return None
+    if unbuilt:
+        return None, False
     try:
-        return cls(**values)
+        return cls(**values), valid and not own
     except ConfigError as exc:
         problems += exc.problems
     except (ValueError, TypeError) as exc:
-        problems.append(f"{key}: {exc}")
-    return None
+        section, sep, rest = str(exc).partition(": ")
+        named = sep and section in {f.name for f in dataclasses.fields(cls)}
+        problems.append(f"{key}.{section}: {rest}" if named else f"{key}: {exc}")
+    return None, False
 
 
 def _to_recipe(cfg: DictConfig, problems: list[str]) -> Recipe:
@@ -256,8 +292,8 @@ def _to_recipe(cfg: DictConfig, problems: list[str]) -> Recipe:
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as exc:
         raise ConfigError.listing([*problems, f"cannot resolve interpolations: {str(exc).splitlines()[0]}"]) from exc
-    recipe = _build(cfg, "", problems)
-    if problems or recipe is None:
+    recipe, valid = _build(cfg, "", problems)
+    if problems or not valid or recipe is None:
         raise ConfigError.listing(problems or ["invalid config"])
     return recipe
 
