@@ -48,7 +48,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 EXP_DIR = REPO_ROOT / "exp"
 DEFAULTS_NAME = "defaults"
 DEFAULT_RECIPE = EXP_DIR / "tiny_cpu.yaml"
-# Keys whose vocabulary-free twin is the one switch `seal.diagnosis.vocabulary`.
+# Said for a `vocabulary` key anywhere else: A-Patch and interface evolution have none of their own.
 _VOCABULARY_HINT = "the vocabulary is chosen once, by seal.diagnosis.vocabulary"
 
 
