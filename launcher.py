@@ -69,7 +69,7 @@ def _raise_on_sigterm(signum: int, frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from seal.logging_utils import setup_console_logging
-    from seal.recipe import ConfigError, env_service_args, load_config, run_dir, save_config
+    from seal.recipe import ConfigError, env_service_args, load_config, run_dir, save_config, to_yaml
     from seal.run_dir import RunDir
 
     setup_console_logging(args.log_level)
@@ -79,9 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"launcher: {exc}", file=sys.stderr)
         return 2
     if args.dry_run:
-        from omegaconf import OmegaConf
-
-        print(OmegaConf.to_yaml(cfg, resolve=True), end="")
+        print(to_yaml(cfg), end="")
         return 0
     if cfg.engine == "verl":
         import torch

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
 from seal import recipe as C
+from seal.core.config import SealConfig
 from seal.core.controller import SealController
+from seal.recipe import __main__ as recipe_cli
+from seal.recipe import reference
 
 EXP = Path(__file__).resolve().parent.parent / "exp"
 RECIPES = sorted(p for p in EXP.glob("*.yaml") if p.stem != "defaults")
@@ -47,7 +51,7 @@ def test_expected_recipes_exist():
 def test_every_recipe_composes_and_builds_its_configs(recipe):
     cfg = C.load_config(recipe)
     assert cfg.experiment_name == recipe.stem  # run directories never collide
-    SealController(cfg)  # the SEAL core dataclasses accept the seal.* block
+    SealController(cfg.seal)  # the SEAL core dataclasses accept the seal.* block
     C.rollout_limits(cfg)
     assert set(flat(cfg)) == set(flat(load("SEAL")))  # every recipe has exactly the documented keys
 
@@ -81,7 +85,7 @@ def test_seal_recipe_has_paper_table4_values():
     assert f["seal.interface.error_feedback"] == "adaptive"
     assert f["seal.interface.schema_required"] and f["seal.interface.schema_enum"]
     assert f["seal.apatch.enable"] and f["seal.capability.enable"]
-    assert C.apatch_config(cfg).static_weights()["spurious_tool_call"] == 2.0
+    assert cfg.seal.apatch_config.static_weights()["spurious_tool_call"] == 2.0
 
 
 ABLATIONS = {
@@ -104,7 +108,7 @@ def test_ablations_follow_the_released_semantics(name):
         assert cfg.seal.capability.enable is dynamic
     if interface:
         assert cfg.seal.interface.closed_loop is closed
-    controller = SealController(cfg)
+    controller = SealController(cfg.seal)
     omega = controller.interface("train")
     assert (omega is None) is (not interface)
     assert controller.interface("val") is None
@@ -124,7 +128,7 @@ def test_release_recipe_is_the_released_setting():
     assert cfg.seal.apatch.enable and cfg.seal.capability.enable
     assert cfg.rollout.gpu_memory_utilization == 0.4
     assert cfg.trainer.best_metric == "val/accuracy/multi_turn_base"
-    omega = SealController(cfg).interface("train")
+    omega = SealController(cfg.seal).interface("train")
     assert omega == {"version": 0, "schema": {"required": True, "enum": True, "types": False, "hide_optional": False},
                      "error_feedback": False, "cues": []}
 
@@ -151,12 +155,12 @@ def test_tiny_cpu_is_the_embedded_default():
 def test_overrides_keep_explicit_zeros_and_parse_values():
     cfg = load("SEAL", "seal.capability.ema_beta=0", "seal.interface.min_tag_count=0", "actor.kl_loss_coef=0",
                "rollout.n=4", "env.urls=[http://127.0.0.1:1,http://127.0.0.1:2]", "trainer.total_training_steps=3")
-    assert C.dynamic_weight_config(cfg).ema_beta == 0.0
-    assert C.evolve_config(cfg).min_tag_count == 0
+    assert cfg.seal.capability.ema_beta == 0.0
+    assert cfg.seal.evolve_config.min_tag_count == 0
     assert cfg.actor.kl_loss_coef == 0 and cfg.rollout.n == 4 and len(cfg.env.urls) == 2
     assert C.total_training_steps(cfg, 400) == 3
     weights = load("SEAL", "seal.apatch.tag_weights.pass=1.2")
-    assert C.apatch_config(weights).static_weights()["pass"] == 1.2
+    assert weights.seal.apatch_config.static_weights()["pass"] == 1.2
 
 
 @pytest.mark.parametrize("override,message", [
@@ -214,8 +218,8 @@ def test_typed_accessors():
     assert C.env_service_args(official) == ["--step-limit-scope", "turn", "--max-steps", "20",
                                             "--no-strict-availability"]
     assert C.run_dir(cfg, "/x") == Path("/x/runs/SEAL")
-    assert C.evolve_config(load("SEAL", "seal.diagnosis.vocabulary=paper")).vocabulary == "paper"
-    assert C.apatch_config(load("SEAL", "seal.diagnosis.vocabulary=paper")).tags_column == "paper_labels"
+    assert load("SEAL", "seal.diagnosis.vocabulary=paper").seal.evolve_config.vocabulary == "paper"
+    assert load("SEAL", "seal.diagnosis.vocabulary=paper").seal.apatch_config.tags_column == "paper_labels"
     with pytest.raises(C.ConfigError):
         C.total_training_steps(load("SEAL"), 10)  # fewer tasks than one batch
 
@@ -226,3 +230,114 @@ def test_saved_config_round_trips(tmp_path):
     again = OmegaConf.load(path)
     assert C.to_container(again) == C.to_container(cfg)
     C.validate(again)
+
+
+# --------------------------------------------------------------------------- the typed schema
+def test_load_config_returns_a_frozen_typed_recipe():
+    cfg = load("SEAL", "rollout.temperature=1", "env.timeout_s=30")
+    assert isinstance(cfg, C.Recipe) and isinstance(cfg.seal, SealConfig)
+    # An int where a float is expected becomes a float; ints stay ints.
+    assert type(cfg.rollout.temperature) is float and type(cfg.env.timeout_s) is float
+    assert type(cfg.rollout.n) is int and type(cfg.trainer.logger) is list
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.rollout.n = 2  # type: ignore[misc]
+    # Building a Recipe by hand runs the same checks as loading one.
+    with pytest.raises(C.ConfigError, match="rollout.n: must be >= 1"):
+        dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, n=0))
+    assert C.Recipe() == C.from_container(C.to_container(C.Recipe()))
+
+
+def test_every_problem_of_a_load_is_listed_with_its_key():
+    with pytest.raises(C.ConfigError) as info:
+        load("SEAL", "rollout.nn=4", "rollout.n=four", "actor.use_kl_loss=1", "experiment_name=4",
+             "env.urls=[1]", "data.max_train_tasks='4'", "actor.lr=-1", "seal.apatch.min_scale=0",
+             "actor.ppo_mini_batch_size=5", "seal.diagnosis.vocabulary=mine")
+    lines = info.value.problems
+    expected = ["rollout.nn: unknown key", "rollout.n: expected int, got str ('four')",
+                "actor.use_kl_loss: expected bool, got int (1)", "experiment_name: expected str, got int (4)",
+                "env.urls[0]: expected str, got int (1)", "data.max_train_tasks: expected int, got str ('4')",
+                "actor.lr: must be >= 0, got -1.0", "seal.apatch: need 0 < min_scale",
+                "data.train_batch_size must be a multiple of actor.ppo_mini_batch_size",
+                "seal.diagnosis.vocabulary: must be one of ['progress', 'paper'], got 'mine'"]
+    missing = [e for e in expected if not any(line.startswith(e) for line in lines)]
+    assert not missing, (missing, lines)
+    assert str(info.value).startswith("invalid config:\n  ")
+
+
+@pytest.mark.parametrize("override,message", [
+    ("seal.apatch.vocabulary=paper", "seal.apatch.vocabulary: unknown key .* by seal.diagnosis.vocabulary"),
+    ("seal.apatch=5", "seal.apatch: expected a mapping, got int"),
+    ("seal.apatch.tag_weights.pass=abc", "seal.apatch.tag_weights.pass: expected float, got str"),
+    ("seal.interface.error_tags=[nope]", "seal.interface: .*'nope'.* not tags of the 'progress' vocabulary"),
+    ("seal.interface.cue_texts.pass=hi", "seal.interface: .*cue_texts"),
+    ("seal.reward.mode=x", "seal.reward.mode: must be one of"),
+    ("rollout.top_p=0", r"rollout.top_p: must lie in \(0, 1\]"),
+    ("env.timeout_s=.inf", "env.timeout_s: must be >= 0, got inf"),
+    ("trainer.wandb_project=${nope}", "cannot resolve interpolations"),
+])
+def test_more_bad_values_name_their_key(override, message):
+    with pytest.raises(C.ConfigError, match=message):
+        load("SEAL", override)
+
+
+def test_overrides_as_users_write_them():
+    cfg = load("SEAL", "+rollout.n=3", "trainer.wandb_project=${experiment_name}",
+               "seal.interface.error_tags=[empty_turn_model_response]",
+               "seal.interface.cue_texts.spurious_tool_call=null")
+    assert cfg.rollout.n == 3 and cfg.trainer.wandb_project == "SEAL"
+    assert cfg.seal.evolve_config.feedback_tags() == ("empty_turn_model_response",)
+    assert "spurious_tool_call" not in cfg.seal.evolve_config.texts()
+
+
+def test_the_vocabulary_is_one_switch():
+    paper = load("SEAL", "seal.diagnosis.vocabulary=paper", "seal.apatch.tag_weights.argument_mismatch=1.4").seal
+    assert paper.vocabulary == paper.apatch_config.vocabulary == paper.evolve_config.vocabulary == "paper"
+    assert paper.apatch_config.static_weights()["argument_mismatch"] == 1.4
+    with pytest.raises(C.ConfigError, match="argument_mismatch"):  # not a tag of the progress vocabulary
+        load("SEAL", "seal.apatch.tag_weights.argument_mismatch=1.4")
+    with pytest.raises(TypeError, match="SealConfig"):
+        SealController(load("SEAL"))  # the controller takes the seal block, not the whole recipe
+
+
+def test_the_recipe_inside_a_verl_config_round_trips():
+    # The verl engine ships the recipe as plain containers and rebuilds it in every worker.
+    cfg = load("wo_closed_loop", "seal.apatch.tag_weights.pass=1.3")
+    again = C.from_container(OmegaConf.create(C.to_container(cfg)))
+    assert again == cfg and again.seal.apatch_config.static_weights()["pass"] == 1.3
+    with pytest.raises(C.ConfigError, match="rollout.n: must be >= 1"):
+        C.from_container({**C.to_container(cfg), "rollout": {**C.to_container(cfg)["rollout"], "n": 0}})
+
+
+def test_every_key_is_declared_once_with_source_and_help():
+    rows = list(reference.knobs())
+    keys = [r.key for r in rows]
+    assert len(keys) == len(set(keys))
+    # The table covers every key; the open mappings (empty by default) are one key each.
+    assert set(keys) - set(flat(C.Recipe())) == {"seal.apatch.tag_weights", "seal.interface.cue_texts"}
+    assert set(flat(C.Recipe())) <= set(keys)
+    bad = [r.key for r in rows if r.source not in ("paper", "release", "ours") or not r.help.strip()]
+    assert not bad, bad
+    by_key = {r.key: r for r in rows}
+    assert by_key["seal.apatch.min_scale"].source == "paper" and by_key["rollout.n"].default == 8
+    assert by_key["seal.capability.ema_beta"].source == "release" and by_key["env.max_restarts"].source == "ours"
+    assert "one of grpo" in by_key["algorithm.adv_estimator"].constraint
+
+
+def test_generated_files_match_the_schema():
+    assert reference.stale_files() == [], "run: python -m seal.recipe --write"
+    defaults = C.to_container(OmegaConf.load(EXP / "defaults.yaml"))
+    assert defaults == C.to_container(C.Recipe())
+    table = (EXP.parent / "docs" / "config.md").read_text(encoding="utf-8")
+    assert all(f"| `{key}` |" in table for key in flat(C.Recipe()))
+
+
+def test_stale_generated_files_are_reported(tmp_path, monkeypatch):
+    stale = tmp_path / "defaults.yaml"
+    stale.write_text(reference.defaults_yaml().replace("  n: 8 ", "  n: 9 "), encoding="utf-8")
+    page = tmp_path / "config.md"
+    page.write_text(reference.DOCS_PAGE.read_text(encoding="utf-8"), encoding="utf-8")
+    monkeypatch.setattr(reference, "DEFAULTS_FILE", stale)
+    monkeypatch.setattr(reference, "DOCS_PAGE", page)
+    assert reference.stale_files() == [stale]
+    assert recipe_cli.main(["--check"]) == 1
+    assert recipe_cli.main(["--write"]) == 0 and reference.stale_files() == []

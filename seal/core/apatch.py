@@ -20,14 +20,14 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from env_service.vocab import EXCLUDED_TAGS
-from seal.core.config_parsing import config_from_mapping
+from seal.core.config_parsing import config_from_mapping, field_values, knob
 from seal.core.weights import DEFAULT_WEIGHT, base_weights, check_vocabulary, known_tags, reply_field
 
 if TYPE_CHECKING:
@@ -38,45 +38,65 @@ METRIC_PREFIX = "apatch/"
 
 
 @dataclass(frozen=True)
-class APatchConfig:
-    """A-Patch knobs. Source of each default in brackets."""
+class APatchSettings:
+    """The A-Patch knobs a recipe sets (``seal.apatch``): all but the vocabulary.
 
-    enable: bool = True  # [release] tocf.advantage.apatch.enable (SEAL recipe: on)
-    # [release] which advantage tokens are scaled: "all", or only "positive" / "negative" ones.
-    apply_to: str = "all"
-    # [release] A-Patch is skipped while global_step < warmup_steps (steps count from 1 as in verl).
-    warmup_steps: int = 0
-    min_scale: float = 0.5  # [paper] w_min
-    max_scale: float = 2.0  # [paper] w_max
-    # [release] per-tag overrides of the vocabulary's base table (seal.core.weights); they also become the
-    # capability state's base weights when dynamic weights are on.
-    tag_weights: dict[str, float] = field(default_factory=dict)
-    vocabulary: str = "progress"  # [ours] "progress" (release tags) or "paper" (paper labels)
-    # [ours] non_tensor_batch column holding each sample's tag list; None = the evaluate-reply field of
-    # the vocabulary ("failure_tags" for progress, "paper_labels" for paper).
-    tags_key: str | None = None
+    The vocabulary is chosen once for every SEAL component (``seal.diagnosis.vocabulary``), so it is
+    not a knob here; ``APatchConfig`` adds it (``seal.core.config.SealConfig.apatch_config``).
+    """
+
+    enable: bool = knob(True, source="release", help="A-Patch on (tocf.advantage.apatch.enable; SEAL recipe: on)")
+    apply_to: str = knob("all", source="release", choices=APPLY_TO,
+                         help="which advantage tokens are scaled: all, or only positive / negative ones")
+    warmup_steps: int = knob(0, source="release",
+                             help="A-Patch is skipped while global_step < warmup_steps (steps count from 1)")
+    min_scale: float = knob(0.5, source="paper", help="w_min: lower clip of a trajectory's mean tag weight")
+    max_scale: float = knob(2.0, source="paper", help="w_max: upper clip of a trajectory's mean tag weight")
+    tag_weights: dict[str, float] = knob(
+        {}, source="release",
+        help="per-tag overrides of the vocabulary's rho table (also the capability state's base weights)")
+    tags_key: str | None = knob(None, source="ours",
+                                help="non_tensor_batch column with each sample's tags; null = by vocabulary")
 
     def __post_init__(self) -> None:
-        check_vocabulary(self.vocabulary)
         if self.apply_to not in APPLY_TO:
             raise ValueError(f"apatch.apply_to must be one of {APPLY_TO}, got {self.apply_to!r}")
         if int(self.warmup_steps) != self.warmup_steps or self.warmup_steps < 0:
             raise ValueError(f"apatch.warmup_steps must be a non-negative integer, got {self.warmup_steps!r}")
         check_scale_range(self.min_scale, self.max_scale)
         weights = {str(k): float(v) for k, v in dict(self.tag_weights or {}).items()}
+        bad = sorted(k for k, v in weights.items() if not math.isfinite(v) or v < 0)
+        if bad:
+            raise ValueError(f"apatch.tag_weights: invalid entries {bad} (finite, >= 0)")
+        object.__setattr__(self, "tag_weights", weights)
+
+
+@dataclass(frozen=True)
+class APatchConfig(APatchSettings):
+    """A-Patch knobs bound to a diagnosis vocabulary (what ``apply_apatch`` reads)."""
+
+    vocabulary: str = knob("progress", source="ours", help="progress (release tags) or paper (paper labels)")
+
+    def __post_init__(self) -> None:
+        check_vocabulary(self.vocabulary)
+        super().__post_init__()
         allowed = known_tags(self.vocabulary)
-        bad = sorted(k for k, v in weights.items() if k not in allowed or not math.isfinite(v) or v < 0)
+        bad = sorted(k for k in self.tag_weights if k not in allowed)
         if bad:
             raise ValueError(
                 f"apatch.tag_weights: invalid entries {bad} (tags of the {self.vocabulary!r} vocabulary, "
                 "finite, >= 0)"
             )
-        object.__setattr__(self, "tag_weights", weights)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> APatchConfig:
         """Build from a mapping (dict / OmegaConf). Unknown keys raise; explicit zeros stay zeros."""
         return config_from_mapping(cls, data)
+
+    @classmethod
+    def bind(cls, settings: APatchSettings, vocabulary: str) -> APatchConfig:
+        """The recipe's ``seal.apatch`` knobs with the run's vocabulary."""
+        return cls(**field_values(settings), vocabulary=vocabulary)
 
     @property
     def tags_column(self) -> str:

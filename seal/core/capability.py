@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from env_service.vocab import EXCLUDED_TAGS, PASS, category_of
-from seal.core.config_parsing import apply_release_zero_fallback, config_from_mapping
+from seal.core.config_parsing import apply_release_zero_fallback, config_from_mapping, knob
 from seal.core.profile import BucketStat, FailureProfile, failure_profile
 from seal.core.weights import UNKNOWN_TAG, check_vocabulary, reply_field
 from seal.core.weights import base_weights as base_weight_table
@@ -56,14 +56,18 @@ class RunMismatchError(ValueError):
 class DynamicWeightConfig:
     """Dynamic tag-weight knobs (reference §6.4 ``dynamic``). Source of each default in brackets."""
 
-    enable: bool = True  # [release] dynamic.enable; off = the static table (ablation "w/o closed loop")
-    ema_beta: float = 0.25  # [release] β; 0 = weights never move
-    prevalence_alpha: float = 1.0  # [release] α; 0 = target is the base weight
-    confidence_samples: float = 32.0  # [release] occurrences for full confidence; 0 = full at once
-    min_weight: float = 0.5  # [release] clamp of the target
-    max_weight: float = 2.0  # [release]
-    # [release bug, off] `value or default` parsing: 0 for the fields below becomes their default.
-    release_zero_fallback: bool = False
+    enable: bool = knob(True, source="release",
+                        help="dynamic tag weights from C_t (release dynamic.enable); false = the static rho table")
+    ema_beta: float = knob(0.25, source="release", help="beta: EMA step of the weights toward their target; 0 = fixed")
+    prevalence_alpha: float = knob(1.0, source="release",
+                                   help="alpha: how strongly tag prevalence moves the target; 0 = base weight")
+    confidence_samples: float = knob(32.0, source="release",
+                                     help="occurrences of a tag for full confidence in its statistics; 0 = at once")
+    min_weight: float = knob(0.5, source="release", help="lower clamp of a tag's target weight")
+    max_weight: float = knob(2.0, source="release", help="upper clamp of a tag's target weight")
+    release_zero_fallback: bool = knob(
+        False, source="ours",
+        help="true = the release's `value or default` parsing: 0 for ema_beta / alpha / samples means the default")
 
     RELEASE_OR_DEFAULT_FIELDS = ("ema_beta", "prevalence_alpha", "confidence_samples")
 

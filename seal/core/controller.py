@@ -2,6 +2,7 @@
 
 One training step, in order (docs/seal_core.md; both engines, `seal.engines.local` and `seal.engines.verl`, do this)::
 
+    controller = SealController(recipe.seal)        # once per run: the recipe's seal.* block (SealConfig)
     omega    = controller.interface("train")        # Ω_t sent with this step's training episodes
     rollouts = <run the episodes; reward = controller.reward_fn(evaluate reply)>
     m  = controller.observe(rollouts, step)         # C_t: capability state over non-excluded rollouts
@@ -27,16 +28,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from env_service.vocab import CATEGORIES, category_of
-from seal import recipe as C
 from seal.core.apatch import apply_apatch
 from seal.core.capability import CapabilityState, TrajectoryRecord
+from seal.core.config import SealConfig
 from seal.core.evolve import evolve, initial_interface, interface_metrics, validate_interface
 from seal.core.reward import compute_reward
 from seal.core.weights import reply_field
 from seal.io_utils import write_json_atomic
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
     from verl import DataProto
 
 STATE_FILE = "seal_state.json"
@@ -55,23 +55,27 @@ def _category(item: Any) -> str:
 
 
 class SealController:
-    """SEAL's per-step logic over a composed recipe (`seal.recipe.load_config`).
+    """SEAL's per-step logic over the `seal.*` block of a recipe (`recipe.seal`, a `SealConfig`).
 
     Args:
-        cfg: the resolved run config.
+        config: the run's SEAL settings (vocabulary, reward, A-Patch, dynamic weights, interface).
         run_id: identity of the run; `load` refuses the state of another run unless forced. None =
             a fresh id, replaced by the checkpoint's id when a checkpoint is loaded into a controller
             that has not trained yet (resume).
     """
 
-    def __init__(self, cfg: DictConfig, run_id: str | None = None) -> None:
-        self.vocabulary = C.vocabulary(cfg)
-        self.apatch_cfg = C.apatch_config(cfg)
-        self.dynamic_cfg = C.dynamic_weight_config(cfg)
-        self.evolve_cfg = C.evolve_config(cfg)
-        self.reward_cfg = C.reward_config(cfg)
-        self.interface_enabled = C.interface_enabled(cfg)
-        self.closed_loop = C.interface_closed_loop(cfg)
+    def __init__(self, config: SealConfig, run_id: str | None = None) -> None:
+        if not isinstance(config, SealConfig):
+            raise TypeError(f"SealController needs a seal.core.config.SealConfig (a recipe's `seal` block), "
+                            f"got {type(config).__name__}")
+        self.config = config
+        self.vocabulary = config.vocabulary
+        self.apatch_cfg = config.apatch_config
+        self.dynamic_cfg = config.capability
+        self.evolve_cfg = config.evolve_config
+        self.reward_cfg = config.reward
+        self.interface_enabled = config.interface.enable
+        self.closed_loop = config.interface.closed_loop
         self._fresh_id = run_id is None
         self.run_id = run_id if run_id is not None else uuid.uuid4().hex
         self.state = CapabilityState(self.vocabulary, base_weights=self.apatch_cfg.static_weights(),

@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from typing import Any
 
 from env_service import vocab
 from env_service.protocol import MAX_CUE_TEXT_CHARS, MAX_CUES, parse_omega
-from seal.core.config_parsing import apply_release_zero_fallback, config_from_mapping
+from seal.core.config_parsing import apply_release_zero_fallback, config_from_mapping, field_values, knob
 from seal.core.profile import FailureProfile
 from seal.core.weights import UNKNOWN_TAG, check_vocabulary, known_tags
 
@@ -97,37 +97,40 @@ NON_CUE_TAGS: frozenset[str] = vocab.SUCCESS_TAGS | vocab.EXCLUDED_TAGS | {UNKNO
 
 
 @dataclass(frozen=True)
-class EvolveConfig:
-    """Interface-evolution knobs. Source of each default in brackets."""
+class EvolveSettings:
+    """The interface-evolution knobs a recipe sets (in ``seal.interface``): all but the vocabulary.
 
-    vocabulary: str = "progress"  # [ours] which tags C_t holds ("progress" | "paper")
-    # φ_schema switches [release observation_lite, SEAL recipe]
-    schema_required: bool = True
-    schema_enum: bool = True
-    schema_types: bool = False
-    schema_hide_optional: bool = False
-    # φ_err [ours; the release implements it but leaves it off = "off"]
-    error_feedback: str = "adaptive"
-    error_tags: tuple[str, ...] | None = None  # [ours] None = ERROR_FEEDBACK_TAGS[vocabulary]
-    error_threshold: float = 0.10  # [ours] combined prevalence of error_tags to switch φ_err on
-    error_min_count: int = 8  # [ours] combined occurrences needed
-    # φ_cap [release diagnostic_evolution defaults, reference §2.10; off in the release recipe]
-    cues: bool = True
-    prevalence_threshold: float = 0.10
-    reward_threshold: float = 0.6  # a tag needs reward_mean < this
-    min_tag_count: int = 8
-    max_cues: int = 3
-    cue_texts: dict[str, str | None] = field(default_factory=dict)  # [release `guidelines`] None removes
-    hysteresis: float = 0.25  # [ours] relative margin for leaving, and incumbents' ranking bonus
-    # [release bug, off] `value or default` parsing of the thresholds (0 becomes the default).
-    release_zero_fallback: bool = False
+    The vocabulary is chosen once for every SEAL component (``seal.diagnosis.vocabulary``);
+    ``EvolveConfig`` adds it.
+    """
+
+    schema_required: bool = knob(True, source="release", help="phi_schema: mark required parameters")
+    schema_enum: bool = knob(True, source="release", help="phi_schema: list the allowed values of enum parameters")
+    schema_types: bool = knob(False, source="release", help="phi_schema: spell out parameter types")
+    schema_hide_optional: bool = knob(False, source="release", help="phi_schema: hide optional parameters")
+    error_feedback: str = knob("adaptive", source="paper", choices=ERROR_FEEDBACK_MODES,
+                               help="phi_err: off | on | adaptive (on while error tags are prevalent; release: off)")
+    error_tags: tuple[str, ...] | None = knob(None, source="ours",
+                                              help="tags that switch adaptive phi_err on; null = per vocabulary")
+    error_threshold: float = knob(0.10, source="ours",
+                                  help="combined prevalence of error_tags that switches phi_err on")
+    error_min_count: int = knob(8, source="ours", help="combined occurrences of error_tags needed for phi_err")
+    cues: bool = knob(True, source="paper", help="phi_cap: capability cues from C_t (release: off)")
+    prevalence_threshold: float = knob(0.10, source="release", help="phi_cap: a tag needs at least this prevalence")
+    reward_threshold: float = knob(0.6, source="release", help="phi_cap: a tag needs reward_mean below this")
+    min_tag_count: int = knob(8, source="release", help="phi_cap: a tag needs at least this many occurrences")
+    max_cues: int = knob(3, source="release", help="phi_cap: most cue lines in one interface")
+    cue_texts: dict[str, str | None] = knob({}, source="release",
+                                            help="per-tag cue text overrides (release guidelines); null removes a cue")
+    hysteresis: float = knob(0.25, source="ours", help="relative margin for leaving, and incumbents' ranking bonus")
+    release_zero_fallback: bool = knob(
+        False, source="ours", help="true = the release's `value or default` parsing of the phi_cap thresholds")
 
     RELEASE_OR_DEFAULT_FIELDS = ("prevalence_threshold", "reward_threshold", "min_tag_count", "max_cues")
 
     def __post_init__(self) -> None:
         if self.release_zero_fallback:
             apply_release_zero_fallback(self, self.RELEASE_OR_DEFAULT_FIELDS)
-        check_vocabulary(self.vocabulary)
         if self.error_feedback not in ERROR_FEEDBACK_MODES:
             raise ValueError(f"error_feedback must be one of {ERROR_FEEDBACK_MODES}, got {self.error_feedback!r}")
         for name in ("error_threshold", "prevalence_threshold", "reward_threshold", "hysteresis"):
@@ -142,9 +145,6 @@ class EvolveConfig:
             raise ValueError(f"evolve.max_cues must be <= {MAX_CUES} (the env service's limit), got {self.max_cues}")
         if self.error_tags is not None:
             object.__setattr__(self, "error_tags", tuple(self.error_tags))
-            unknown = sorted(set(self.error_tags) - known_tags(self.vocabulary))
-            if unknown:
-                raise ValueError(f"evolve.error_tags: {unknown} are not tags of the {self.vocabulary!r} vocabulary")
         overrides = dict(self.cue_texts or {})
         bad = sorted(
             k for k, v in overrides.items()
@@ -158,10 +158,31 @@ class EvolveConfig:
             )
         object.__setattr__(self, "cue_texts", overrides)
 
+
+@dataclass(frozen=True)
+class EvolveConfig(EvolveSettings):
+    """Interface-evolution knobs bound to a diagnosis vocabulary (what ``evolve`` reads)."""
+
+    vocabulary: str = knob("progress", source="ours", help="which tags C_t holds: progress | paper")
+
+    def __post_init__(self) -> None:
+        check_vocabulary(self.vocabulary)
+        super().__post_init__()
+        if self.error_tags is not None:
+            unknown = sorted(set(self.error_tags) - known_tags(self.vocabulary))
+            if unknown:
+                raise ValueError(f"evolve.error_tags: {unknown} are not tags of the {self.vocabulary!r} vocabulary")
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> EvolveConfig:
         """Build from a mapping (dict / OmegaConf). Unknown keys raise; explicit zeros stay zeros."""
         return config_from_mapping(cls, data)
+
+    @classmethod
+    def bind(cls, settings: EvolveSettings, vocabulary: str) -> EvolveConfig:
+        """The evolution knobs of ``settings`` (an ``EvolveSettings`` or a subclass) with the run's vocabulary."""
+        names = {f.name for f in fields(EvolveSettings)}
+        return cls(**{k: v for k, v in field_values(settings).items() if k in names}, vocabulary=vocabulary)
 
     def texts(self) -> dict[str, str]:
         """Cue text per tag after overrides (a ``None`` override removes the tag's cue)."""

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from seal.core.config_parsing import apply_release_zero_fallback, config_from_mapping
+from seal.core.config_parsing import apply_release_zero_fallback, config_from_mapping, knob
 
 REWARD_MODES = ("binary", "capped", "t3rl")
 
@@ -28,15 +28,17 @@ REWARD_MODES = ("binary", "capped", "t3rl")
 class RewardConfig:
     """Reward-mode knobs. Source of each default in brackets."""
 
-    mode: str = "binary"  # [paper] reward = verifier verdict
-    cap: float = 0.7  # [release] partial_credit_cap
-    cap_decay: bool = False  # [release] cap · (1 − training_progress), floored at min_cap
-    min_cap: float = 0.1  # [release]
-    weight: float = 1.0  # [release] partial_credit_weight, applied to progress before the cap
-    irrelevance_weight: float = 0.5  # [release] t3rl weight of irrelevance turns
-    scorable_floor: bool = False  # [ours default] t3rl: 0 when no scorable turn passed
-    # [release bug, off] `value or default` parsing: irrelevance_weight 0 becomes 0.5.
-    release_zero_fallback: bool = False
+    mode: str = knob("binary", source="paper", choices=REWARD_MODES,
+                     help="binary = the 0/1 verifier verdict; capped / t3rl = partial credit for failures")
+    cap: float = knob(0.7, source="release", help="capped: partial_credit_cap, the most a failed trajectory gets")
+    cap_decay: bool = knob(False, source="release", help="capped: cap x (1 - training progress), floored at min_cap")
+    min_cap: float = knob(0.1, source="release", help="capped: floor of the decaying cap")
+    weight: float = knob(1.0, source="release",
+                         help="capped: partial_credit_weight, applied to progress before the cap")
+    irrelevance_weight: float = knob(0.5, source="release", help="t3rl: weight of irrelevance turns")
+    scorable_floor: bool = knob(False, source="ours", help="t3rl: reward 0 when no scorable turn passed")
+    release_zero_fallback: bool = knob(
+        False, source="ours", help="true = the release's `value or default` parsing: irrelevance_weight 0 means 0.5")
 
     RELEASE_OR_DEFAULT_FIELDS = ("irrelevance_weight",)
 

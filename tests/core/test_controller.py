@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from seal import recipe as C
-from seal.core.apatch import trajectory_scale
+from seal.core.apatch import APatchSettings, trajectory_scale
 from seal.core.capability import RunMismatchError
+from seal.core.config import DiagnosisConfig, InterfaceConfig, SealConfig
 from seal.core.controller import STATE_FILE, SealController
 from seal.engines.batching import compute_grpo_advantages, rollouts_to_dataproto
 from seal.rollout.types import Rollout
@@ -17,8 +18,8 @@ from seal.rollout.types import Rollout
 EXP = Path(__file__).resolve().parents[2] / "exp"
 
 
-def cfg(*overrides: str, recipe: str = "SEAL"):
-    return C.load_config(EXP / f"{recipe}.yaml", list(overrides))
+def cfg(*overrides: str, recipe: str = "SEAL") -> SealConfig:
+    return C.load_config(EXP / f"{recipe}.yaml", list(overrides)).seal
 
 
 def ro(task: str, accuracy: float, tags: list[str], labels: list[str] | None = None, excluded: bool = False,
@@ -176,3 +177,22 @@ def test_save_load_round_trip_and_run_identity(tmp_path):
         SealController(cfg("seal.diagnosis.vocabulary=paper")).load(tmp_path)
     with pytest.raises(FileNotFoundError):
         SealController(cfg()).load(tmp_path / "nowhere")
+
+
+def test_the_controller_needs_only_the_core_config():
+    # No recipe file: the seal.* block built directly is all the controller reads.
+    plain = SealController(SealConfig())
+    assert plain.vocabulary == "progress" and plain.apatch_cfg.tags_column == "failure_tags"
+    assert plain.interface("train") == SealController(cfg()).interface("train")
+    paper = SealConfig(diagnosis=DiagnosisConfig(vocabulary="paper"),
+                       apatch=APatchSettings(tag_weights={"argument_mismatch": 1.4}),
+                       interface=InterfaceConfig(enable=False))
+    c = SealController(paper)
+    assert c.apatch_cfg.vocabulary == c.evolve_cfg.vocabulary == "paper" and c.interface("train") is None
+    assert c.state.base_weights["argument_mismatch"] == 1.4
+    # The vocabulary-dependent knobs are checked when the block is built, naming the section.
+    with pytest.raises(ValueError, match="apatch: .*argument_mismatch"):
+        SealConfig(apatch=APatchSettings(tag_weights={"argument_mismatch": 1.4}))
+    with pytest.raises(ValueError, match="interface: .*not tags of the 'paper' vocabulary"):
+        SealConfig(diagnosis=DiagnosisConfig(vocabulary="paper"),
+                   interface=InterfaceConfig(error_tags=("empty_turn_model_response",)))

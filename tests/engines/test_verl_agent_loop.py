@@ -127,7 +127,7 @@ def worker_run(recipe, tok, tmp_path_factory):
 
     verl_cfg = to_verl_config(recipe, tmp_path_factory.mktemp("run"))
     server = ScriptedServer(tok, TASKS)
-    controller = SealController(recipe)
+    controller = SealController(recipe.seal)
     omega = controller.interface("train")
     feed = EpisodeFeed(mode="train", interface=omega, training_progress=0.0).to_json()
     rows = [t for t in TASKS for _ in range(N)]
@@ -211,7 +211,7 @@ def test_advantage_step_on_agent_loop_outputs(worker_run, recipe):
     extra_keys = ("task_id", "category", "failure_tags", "paper_labels", "accuracy", "reward", "excluded",
                   "progress", "interface_version")
     extras = [{k: data.non_tensor_batch[k][i] for k in extra_keys} for i in range(len(data))]
-    controller = SealController(recipe)
+    controller = SealController(recipe.seal)
     controller.observe(extras, step=1)
     metrics = seal_advantages(data, extras, controller, 1, algorithm=worker_run["verl_cfg"].algorithm,
                               num_repeat=N)

@@ -55,7 +55,7 @@ GenerateFactory = Callable[[Any, Any, torch.device], GenerateFn]
 class LocalRun:
     """Everything one local training run holds between steps."""
 
-    cfg: Any
+    cfg: C.Recipe
     run: RunDir
     device: torch.device
     autocast_dtype: torch.dtype | None
@@ -76,7 +76,7 @@ class LocalRun:
     best: dict[str, Any] | None  # the best.json record so far
 
 
-def train(cfg: Any, run_dir: str | os.PathLike[str], generate_factory: GenerateFactory | None = None
+def train(cfg: C.Recipe, run_dir: str | os.PathLike[str], generate_factory: GenerateFactory | None = None
           ) -> dict[str, Any]:
     """Train with the local engine; returns `{"last_step", "best", "run_dir", "run_id"}`.
 
@@ -102,7 +102,7 @@ def train(cfg: Any, run_dir: str | os.PathLike[str], generate_factory: GenerateF
             "run_id": run.controller.run_id}
 
 
-def setup(cfg: Any, run_dir: str | os.PathLike[str], generate_factory: GenerateFactory | None = None) -> LocalRun:
+def setup(cfg: C.Recipe, run_dir: str | os.PathLike[str], generate_factory: GenerateFactory | None = None) -> LocalRun:
     """Seeds, tasks, models, optimizer, controller and logger; restores a checkpoint when resuming.
 
     The order is part of exact resume: the RNG states saved with a checkpoint are restored after the
@@ -138,7 +138,7 @@ def setup(cfg: Any, run_dir: str | os.PathLike[str], generate_factory: GenerateF
         ref_model.eval().requires_grad_(False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=float(cfg.actor.lr),
                                   weight_decay=float(cfg.actor.weight_decay))
-    controller = SealController(cfg)
+    controller = SealController(cfg.seal)
     start_step, best = 0, None
     if resume_from is not None:
         start_step, best = restore_checkpoint(resume_from, optimizer, controller,
@@ -224,7 +224,7 @@ def epoch_order(num_tasks: int, epoch: int, seed: int, shuffle: bool) -> list[in
     return torch.randperm(num_tasks, generator=gen).tolist()
 
 
-def step_tasks(tasks: Sequence[Task], step: int, cfg: Any) -> tuple[int, int, list[Task]]:
+def step_tasks(tasks: Sequence[Task], step: int, cfg: C.Recipe) -> tuple[int, int, list[Task]]:
     """(epoch, batch index, tasks) of global step `step` (1-based); full batches only (drop_last)."""
     spe = C.steps_per_epoch(cfg, len(tasks))
     epoch, index = divmod(step - 1, spe)
@@ -237,7 +237,7 @@ def episode_seed(base: int, step: int, index: int) -> int:
     return ((int(base) * 1_000_003 + int(step)) * 100_003 + int(index)) % (2**62)
 
 
-def training_requests(cfg: Any, tasks: Sequence[Task], omega: dict | None, params: SamplingParams,
+def training_requests(cfg: C.Recipe, tasks: Sequence[Task], omega: dict | None, params: SamplingParams,
                       step: int) -> list[EpisodeRequest]:
     """Each task `rollout.n` times (consecutive rows: one GRPO group), each episode seeded by its index."""
     reqs: list[EpisodeRequest] = []
@@ -254,7 +254,7 @@ def play(run: LocalRun, requests: list[EpisodeRequest], params: SamplingParams,
     return asyncio.run(_play(run.cfg, run.generate, run.tokenizer, requests, params, reward_fn, desc))
 
 
-async def _play(cfg: Any, generate: GenerateFn, tokenizer: Any, requests: list[EpisodeRequest],
+async def _play(cfg: C.Recipe, generate: GenerateFn, tokenizer: Any, requests: list[EpisodeRequest],
                 params: SamplingParams, reward_fn: Callable[[dict], float], desc: str) -> list[Rollout]:
     bar = progress(len(requests), desc)
     try:
@@ -365,7 +365,7 @@ def save_checkpoint(run: RunDir, step: int, model: Any, tokenizer: Any, optimize
     return final
 
 
-def resume_point(cfg: Any, run: RunDir) -> Path | None:
+def resume_point(cfg: C.Recipe, run: RunDir) -> Path | None:
     """The checkpoint to resume from: `trainer.resume` auto (latest.json), disable, or a directory."""
     mode = str(cfg.trainer.resume)
     if mode == "disable":
@@ -396,7 +396,7 @@ def _device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _dtypes(cfg: Any, device: torch.device) -> torch.dtype | None:
+def _dtypes(cfg: C.Recipe, device: torch.device) -> torch.dtype | None:
     """Autocast dtype: weights and optimizer stay float32 (lr 1e-6 updates vanish in bf16 weights);
     on a GPU the forward passes run in `model.dtype`. On CPU everything is float32."""
     if device.type != "cuda" or cfg.model.dtype == "float32":
@@ -404,7 +404,7 @@ def _dtypes(cfg: Any, device: torch.device) -> torch.dtype | None:
     return torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float16
 
 
-def prepare_model_path(cfg: Any) -> Path:
+def prepare_model_path(cfg: C.Recipe) -> Path:
     """The model directory; builds the tiny random Qwen2 there first when `model.build_tiny` is on."""
     path = Path(str(cfg.model.path))
     if cfg.model.build_tiny:
@@ -485,7 +485,7 @@ def batch_logprobs(model: Any, data: Any, micro: int, device: torch.device, temp
     return out * data.batch["response_mask"]
 
 
-def ppo_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Optimizer, data: Any, cfg: Any,
+def ppo_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Optimizer, data: Any, cfg: C.Recipe,
                device: torch.device, autocast_dtype: torch.dtype | None = None) -> dict[str, float]:
     """PPO/GRPO actor update on `data` (advantages already computed and A-Patched).
 

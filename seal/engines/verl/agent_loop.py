@@ -44,7 +44,7 @@ from omegaconf import DictConfig
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
 from seal import recipe as C
-from seal.core.reward import compute_reward
+from seal.core.reward import RewardConfig, compute_reward
 from seal.engines.verl.config import AGENT_LOOP_NAME
 from seal.rollout.client import EnvClient
 from seal.rollout.episode import run_episode
@@ -106,7 +106,7 @@ class LoopSettings:
     max_retries: int
     max_restarts: int
     limits: RolloutLimits
-    reward_cfg: Any  # seal.core.reward.RewardConfig
+    reward_cfg: RewardConfig
     concurrency_per_worker: int
 
     @classmethod
@@ -117,14 +117,15 @@ class LoopSettings:
                 f"the {AGENT_LOOP_NAME!r} agent loop needs the recipe under `seal.recipe` in the verl config; "
                 "build the config with seal.engines.verl.config.to_verl_config")
         workers = int(config.actor_rollout_ref.rollout.agent.num_workers)
+        recipe = C.from_container(recipe)
         return cls(
-            env_urls=tuple(str(u) for u in recipe.env.urls),
-            timeout_s=float(recipe.env.timeout_s),
-            max_retries=int(recipe.env.max_retries),
-            max_restarts=int(recipe.env.max_restarts),
+            env_urls=tuple(recipe.env.urls),
+            timeout_s=recipe.env.timeout_s,
+            max_retries=recipe.env.max_retries,
+            max_restarts=recipe.env.max_restarts,
             limits=C.rollout_limits(recipe),
-            reward_cfg=C.reward_config(recipe),
-            concurrency_per_worker=max(1, -(-int(recipe.rollout.concurrency) // max(workers, 1))),
+            reward_cfg=recipe.seal.reward,
+            concurrency_per_worker=max(1, -(-recipe.rollout.concurrency // max(workers, 1))),
         )
 
 

@@ -101,7 +101,7 @@ def resume_settings(resume: str) -> dict[str, Any]:
     return {"trainer.resume_mode": "resume_path", "trainer.resume_from_path": real}
 
 
-def recipe_overrides(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+def recipe_overrides(cfg: C.Recipe, run_dir: Path) -> dict[str, Any]:
     """The verl keys our recipe sets, as {dotted verl key: value}."""
     a, r, d, t, alg = cfg.actor, cfg.rollout, cfg.data, cfg.trainer, cfg.algorithm
     micro = int(a.ppo_micro_batch_size_per_gpu)
@@ -200,7 +200,7 @@ def recipe_overrides(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     return out
 
 
-def to_verl_config(cfg: DictConfig, run_dir: str | os.PathLike[str] | None = None,
+def to_verl_config(cfg: C.Recipe, run_dir: str | os.PathLike[str] | None = None,
                    overrides: Sequence[str] = ()) -> DictConfig:
     """verl's default trainer config with our recipe's values; the recipe rides along under `seal`.
 

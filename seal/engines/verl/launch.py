@@ -21,6 +21,7 @@ import importlib.util
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,7 @@ class EngineUnavailable(RuntimeError):
     """The verl engine cannot run on this machine (no GPU, no vLLM, env service unreachable)."""
 
 
-def check_gpus(cfg: DictConfig) -> int:
+def check_gpus(cfg: C.Recipe) -> int:
     """Number of visible CUDA devices; raises `EngineUnavailable` when there are none or too few."""
     try:
         import torch
@@ -95,18 +96,18 @@ def plugin_env_vars() -> dict[str, str]:
     return env
 
 
-def build_verl_config(cfg: DictConfig, run_dir: str | os.PathLike[str],
+def build_verl_config(cfg: C.Recipe, run_dir: str | os.PathLike[str],
                       overrides: Sequence[str] = ()) -> DictConfig:
     """The verl config of a run: subsets written under `run_dir/data`, Ray settings for our plugin."""
     run = RunDir(Path(run_dir).resolve())
-    cfg = cfg.copy()
-    with open_dict(cfg):
-        if cfg.data.max_train_tasks is not None:
-            cfg.data.train_files = write_subset(_abs(cfg.data.train_files), int(cfg.data.max_train_tasks),
-                                                run.subset_file("train"))
-        if cfg.data.max_val_tasks is not None:
-            cfg.data.val_files = write_subset(_abs(cfg.data.val_files), int(cfg.data.max_val_tasks),
-                                              run.subset_file("val"))
+    data = cfg.data
+    if data.max_train_tasks is not None:
+        data = replace(data, train_files=write_subset(_abs(data.train_files), data.max_train_tasks,
+                                                      run.subset_file("train")))
+    if data.max_val_tasks is not None:
+        data = replace(data, val_files=write_subset(_abs(data.val_files), data.max_val_tasks,
+                                                    run.subset_file("val")))
+    cfg = replace(cfg, data=data)
     verl_cfg = to_verl_config(cfg, run.root, overrides)
     with open_dict(verl_cfg):
         ray_init = verl_cfg.ray_kwargs.ray_init
@@ -124,7 +125,7 @@ def _abs(path: Any) -> str:
     return str(p if p.is_absolute() or p.exists() else C.REPO_ROOT / p)
 
 
-def train(cfg: DictConfig, run_dir: str | os.PathLike[str], overrides: Sequence[str] = ()) -> None:
+def train(cfg: C.Recipe, run_dir: str | os.PathLike[str], overrides: Sequence[str] = ()) -> None:
     """Train the recipe with verl; metrics.jsonl, checkpoints and verl_config.yaml land in `run_dir`."""
     if cfg.engine != "verl":
         raise ValueError(f"seal.engines.verl.launch.train needs engine: verl, the recipe says {cfg.engine!r}")

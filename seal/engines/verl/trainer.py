@@ -24,6 +24,7 @@ from verl.trainer.ppo.ray_trainer import compute_advantage
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 
+from seal import recipe as C
 from seal.core.controller import STATE_FILE, SealController
 from seal.engines.verl.adapter import TrainerAdapter, object_column
 from seal.engines.verl.agent_loop import EpisodeFeed
@@ -47,9 +48,9 @@ class SealTrainer(TrainerAdapter):
         if config.algorithm.adv_estimator != "grpo":
             raise ValueError("A-Patch rescales GRPO advantages: algorithm.adv_estimator must be grpo")
         super().__init__(config)
-        self.recipe = seal.recipe
+        self.recipe = C.from_container(seal.recipe)
         self.run = RunDir(str(seal.run_dir))
-        self.controller = SealController(self.recipe)
+        self.controller = SealController(self.recipe.seal)
         self.best: dict[str, Any] | None = None
         self.last_validation: dict[str, float] = {}
 

@@ -1,0 +1,76 @@
+"""`SealConfig`: the `seal.*` block of a recipe, everything the SEAL method reads (docs/config.md).
+
+    seal:
+      diagnosis:  {vocabulary}                  DiagnosisConfig
+      reward:     {mode, cap, ...}              seal.core.reward.RewardConfig
+      apatch:     {enable, min_scale, ...}      seal.core.apatch.APatchSettings
+      capability: {enable, ema_beta, ...}       seal.core.capability.DynamicWeightConfig
+      interface:  {enable, closed_loop, ...}    InterfaceConfig (the rest: seal.core.evolve.EvolveSettings)
+
+The vocabulary is one switch for all of SEAL: A-Patch and interface evolution take it from
+`diagnosis.vocabulary` (`apatch_config`, `evolve_config`), so neither section has a vocabulary key of
+its own. Building a `SealConfig` binds both and so checks their vocabulary-dependent knobs
+(`tag_weights`, `error_tags`) at once, before any training.
+
+Pure: nothing here knows about the recipe loader; `seal.recipe` builds this from YAML.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from env_service.vocab import VOCABULARIES
+from seal.core.apatch import APatchConfig, APatchSettings
+from seal.core.capability import DynamicWeightConfig
+from seal.core.config_parsing import knob
+from seal.core.evolve import EvolveConfig, EvolveSettings
+from seal.core.reward import RewardConfig
+
+
+@dataclass(frozen=True)
+class DiagnosisConfig:
+    vocabulary: str = knob("progress", source="release", choices=tuple(VOCABULARIES),
+                           help="progress (release tags) | paper (paper labels); one switch for all of seal.*")
+
+
+@dataclass(frozen=True)
+class InterfaceConfig(EvolveSettings):
+    """The train-only interface Ω_t: whether there is one, whether it evolves, and how (`EvolveSettings`)."""
+
+    enable: bool = knob(True, source="ours", help="false = raw interface: training episodes get no interface at all")
+    closed_loop: bool = knob(True, source="ours", help="false = Omega_0 kept for the whole run (not evolved from C_t)")
+
+
+@dataclass(frozen=True)
+class SealConfig:
+    diagnosis: DiagnosisConfig = field(default_factory=DiagnosisConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    apatch: APatchSettings = field(default_factory=APatchSettings)
+    capability: DynamicWeightConfig = field(default_factory=DynamicWeightConfig)
+    interface: InterfaceConfig = field(default_factory=InterfaceConfig)
+
+    def __post_init__(self) -> None:
+        # Bound once here, so a tag that the vocabulary lacks fails when the config is built.
+        try:
+            object.__setattr__(self, "_apatch", APatchConfig.bind(self.apatch, self.vocabulary))
+        except ValueError as exc:
+            raise ValueError(f"apatch: {exc}") from exc
+        try:
+            object.__setattr__(self, "_evolve", EvolveConfig.bind(self.interface, self.vocabulary))
+        except ValueError as exc:
+            raise ValueError(f"interface: {exc}") from exc
+
+    @property
+    def vocabulary(self) -> str:
+        """The diagnosis vocabulary every SEAL component uses."""
+        return self.diagnosis.vocabulary
+
+    @property
+    def apatch_config(self) -> APatchConfig:
+        """`seal.apatch` with the run's vocabulary."""
+        return self._apatch  # type: ignore[attr-defined]
+
+    @property
+    def evolve_config(self) -> EvolveConfig:
+        """The evolution knobs of `seal.interface` with the run's vocabulary."""
+        return self._evolve  # type: ignore[attr-defined]

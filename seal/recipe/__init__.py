@@ -1,0 +1,50 @@
+"""Recipes: the typed schema of a run (`schema`), loading `exp/*.yaml` into it (`compose`), what the
+engines derive from it (`derived`) and the generated reference (`reference`; docs/config.md).
+
+    cfg = load_config("exp/SEAL.yaml", ["rollout.n=4"])    # a frozen, validated `Recipe`
+    cfg.rollout.n, cfg.seal.apatch_config, save_config(cfg, run / "config.yaml")
+"""
+
+from seal.recipe.compose import (
+    DEFAULT_RECIPE,
+    DEFAULTS_NAME,
+    EXP_DIR,
+    REPO_ROOT,
+    from_container,
+    load_config,
+    parse_overrides,
+    save_config,
+    schema,
+    to_container,
+    to_yaml,
+    validate,
+)
+from seal.recipe.derived import (
+    env_service_args,
+    rollout_limits,
+    run_dir,
+    sampling_params,
+    steps_per_epoch,
+    total_training_steps,
+)
+from seal.recipe.schema import (
+    ActorConfig,
+    AlgorithmConfig,
+    ConfigError,
+    DataConfig,
+    EnvConfig,
+    ModelConfig,
+    Recipe,
+    RolloutConfig,
+    StepLimitConfig,
+    TinyModelConfig,
+    TrainerConfig,
+)
+
+__all__ = [
+    "DEFAULTS_NAME", "DEFAULT_RECIPE", "EXP_DIR", "REPO_ROOT", "ActorConfig", "AlgorithmConfig", "ConfigError",
+    "DataConfig", "EnvConfig", "ModelConfig", "Recipe", "RolloutConfig", "StepLimitConfig", "TinyModelConfig",
+    "TrainerConfig", "env_service_args", "from_container", "load_config", "parse_overrides", "rollout_limits",
+    "run_dir", "sampling_params", "save_config", "schema", "steps_per_epoch", "to_container", "to_yaml",
+    "total_training_steps", "validate",
+]

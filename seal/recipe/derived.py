@@ -1,0 +1,63 @@
+"""Values the engines derive from a `Recipe`: rollout limits, sampling, step counts, paths, service flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from seal.recipe.schema import ConfigError, Recipe
+from seal.rollout.types import RolloutLimits, SamplingParams
+from seal.run_dir import RunDir
+
+
+def rollout_limits(cfg: Recipe) -> RolloutLimits:
+    return RolloutLimits(
+        max_prompt_length=cfg.data.max_prompt_length,
+        max_response_length=cfg.data.max_response_length,
+        max_model_len=cfg.rollout.max_model_len,
+        max_tokens_per_call=cfg.rollout.max_tokens_per_call,
+        max_model_calls=cfg.rollout.max_model_calls,
+        max_observation_tokens=cfg.rollout.max_observation_tokens,
+    )
+
+
+def sampling_params(cfg: Recipe, mode: str = "train", seed: int | None = None) -> SamplingParams:
+    """Training sampling (temperature/top_p/top_k) or validation decoding (greedy by default)."""
+    if mode == "train":
+        return SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                              top_k=cfg.rollout.top_k, seed=seed)
+    if mode in ("val", "eval"):
+        # Release validation: temperature 0, top_p 1.0, top_k -1 (docs/evaluation.md).
+        return SamplingParams(temperature=cfg.rollout.val_temperature, top_p=1.0, top_k=-1, seed=seed)
+    raise ValueError(f"mode must be 'train' or 'val', got {mode!r}")
+
+
+def steps_per_epoch(cfg: Recipe, num_train_tasks: int) -> int:
+    """Full batches per epoch (the release's loader drops the last partial batch: 400 / 32 = 12)."""
+    steps = num_train_tasks // cfg.data.train_batch_size
+    if steps < 1:
+        raise ConfigError(f"{num_train_tasks} training tasks are fewer than data.train_batch_size "
+                          f"= {cfg.data.train_batch_size}")
+    return steps
+
+
+def total_training_steps(cfg: Recipe, num_train_tasks: int) -> int:
+    """`trainer.total_training_steps` when set, else epochs x steps per epoch (paper: 6 x 12 = 72)."""
+    if cfg.trainer.total_training_steps is not None:
+        return cfg.trainer.total_training_steps
+    return cfg.trainer.total_epochs * steps_per_epoch(cfg, num_train_tasks)
+
+
+def run_dir(cfg: Recipe, root: str | Path | None = None) -> Path:
+    """`<run_root>/<experiment_name>`; a relative `run_root` is taken from `root` (default: the cwd).
+
+    The layout inside it is `seal.run_dir`'s."""
+    return RunDir.of(cfg.run_root, cfg.experiment_name, root).root
+
+
+def env_service_args(cfg: Recipe) -> list[str]:
+    """`python -m env_service` flags carrying the recipe's environment settings."""
+    step_limit = cfg.env.step_limit
+    args = ["--step-limit-scope", step_limit.scope, "--max-steps", str(step_limit.max_steps)]
+    if not cfg.env.strict_availability:
+        args.append("--no-strict-availability")
+    return args

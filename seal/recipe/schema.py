@@ -1,0 +1,205 @@
+"""The recipe schema: every key of a run, its type, default, source and help (docs/config.md).
+
+`Recipe` is the root; its sections are the dataclasses below plus the SEAL core's `SealConfig`
+(`seal.*`), whose knobs are declared where the method reads them (`seal.core.*`). Each leaf is a
+`knob(default, source=..., help=...)`: this file and `seal.core` are the only place a default is
+written; `exp/defaults.yaml` and the reference table of `docs/config.md` are generated from here
+(`python -m seal.recipe --write`).
+
+Checks, from the cheapest up:
+
+* keys and types: OmegaConf, when a recipe is merged into `OmegaConf.structured(Recipe)`;
+* one knob's value set or range: the `choices` / `ge` / `gt` / `le` of its `knob`;
+* rules that span keys: `Recipe.check`; the SEAL core classes check their own in `__post_init__`.
+
+A `Recipe` that exists has passed all of them: `__post_init__` raises `ConfigError` listing every
+problem. Sections alone may hold out-of-range values (they are plain records); only the root refuses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from seal.core.config import SealConfig
+from seal.core.config_parsing import field_problems, knob
+
+ENGINES = ("verl", "local")
+DTYPES = ("bfloat16", "float16", "float32")
+STEP_LIMIT_SCOPES = ("episode", "turn")
+LOGGERS = ("console", "jsonl", "wandb")
+# verl.trainer.ppo.core_algos.kl_penalty / agg_loss accept these.
+KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+# A-Patch is defined on top of GRPO's group-relative advantages (paper §Method).
+ADV_ESTIMATORS = ("grpo",)
+
+
+class ConfigError(ValueError):
+    """A recipe or override that does not compose or does not validate; `problems` lists each one."""
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = list(problems) if problems is not None else [message]
+
+    @classmethod
+    def listing(cls, problems: list[str]) -> ConfigError:
+        return cls("invalid config:\n  " + "\n  ".join(problems), problems)
+
+
+@dataclass(frozen=True)
+class TinyModelConfig:
+    hidden: int = knob(64, source="ours", ge=1, help="hidden size of the random tiny Qwen2")
+    layers: int = knob(1, source="ours", ge=1, help="decoder layers of the random tiny Qwen2")
+    seed: int = knob(0, source="ours", help="seed of its random weights")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str = knob("Qwen/Qwen2.5-7B-Instruct", source="paper",
+                     help="hub id or local directory of the policy (release default: Qwen/Qwen3.5-4B)")
+    build_tiny: bool = knob(False, source="ours",
+                            help="local engine only: build a random tiny Qwen2 offline at model.path")
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    dtype: str = knob("bfloat16", source="release", choices=DTYPES,
+                      help="parameter dtype (the local engine on CPU always computes in float32)")
+
+
+@dataclass(frozen=True)
+class StepLimitConfig:
+    scope: str = knob("episode", source="release", choices=STEP_LIMIT_SCOPES,
+                      help="episode = model calls per episode (release); turn = per user turn (official BFCL)")
+    max_steps: int = knob(20, source="release", ge=1, help="model calls allowed per scope")
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    urls: list[str] = knob(["http://127.0.0.1:8082"], source="ours",
+                           help="env-service base URLs; several = several service replicas")
+    start_service: bool = knob(True, source="ours",
+                               help="the launcher starts `python -m env_service` on the first URL if none answers")
+    step_limit: StepLimitConfig = field(default_factory=StepLimitConfig)
+    strict_availability: bool = knob(True, source="release", help="held-out tools are refused before their reveal")
+    timeout_s: float = knob(300.0, source="release", ge=0, help="client timeout of one env-service request (seconds)")
+    max_retries: int = knob(3, source="ours", ge=0, help="client retries of a failed request")
+    max_restarts: int = knob(2, source="ours", ge=0,
+                             help="episode restarts on infrastructure failure, then the episode is excluded")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    train_files: str = knob("data/bfcl_train.parquet", source="ours", help="training tasks (parquet)")
+    val_files: str = knob("data/bfcl_eval_400.parquet", source="ours", help="validation tasks (parquet)")
+    train_batch_size: int = knob(32, source="paper", ge=1, help="tasks per training step")
+    max_train_tasks: int | None = knob(None, source="ours", ge=1,
+                                       help="subset for smoke runs, round-robin over the four categories")
+    max_val_tasks: int | None = knob(None, source="ours", ge=1, help="validation subset, as max_train_tasks")
+    max_prompt_length: int = knob(8192, source="paper", ge=1, help="prompt tokens")
+    max_response_length: int = knob(4096, source="paper", ge=1, help="response tokens of a whole episode")
+    shuffle: bool = knob(True, source="release", help="shuffle the training tasks every epoch")
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    n: int = knob(8, source="paper", ge=1, help="rollouts per task (the GRPO group)")
+    temperature: float = knob(1.0, source="paper", ge=0, help="training sampling temperature")
+    top_p: float = knob(1.0, source="release", gt=0, le=1, help="training nucleus sampling")
+    top_k: int = knob(-1, source="release", help="training top-k; -1 = off")
+    max_tokens_per_call: int = knob(4096, source="release", ge=1, help="tokens of one model call (response_length)")
+    max_model_len: int = knob(16384, source="paper", ge=1, help="context window")
+    max_observation_tokens: int | None = knob(4096, source="release", ge=1,
+                                              help="tool-output tokens kept per observation (max_env_len)")
+    max_model_calls: int = knob(64, source="ours", ge=1,
+                                help="safety bound on calls per episode; the service's step limit ends episodes first")
+    concurrency: int = knob(256, source="ours", ge=1, help="episodes in flight")
+    val_temperature: float = knob(0.0, source="paper", ge=0, help="validation temperature (0 = greedy)")
+    val_n: int = knob(1, source="paper", ge=1, help="validation rollouts per task")
+    gpu_memory_utilization: float = knob(0.6, source="paper", gt=0, le=1,
+                                         help="vLLM's share of GPU memory (release: 0.4)")
+    tensor_parallel_size: int = knob(1, source="ours", ge=1, help="vLLM tensor parallelism")
+
+
+@dataclass(frozen=True)
+class ActorConfig:
+    lr: float = knob(1.0e-6, source="paper", ge=0, help="learning rate")
+    weight_decay: float = knob(0.01, source="release", ge=0, help="AdamW weight decay")
+    clip_ratio_low: float = knob(0.2, source="paper", ge=0, help="PPO clip epsilon below 1")
+    clip_ratio_high: float = knob(0.2, source="paper", ge=0, help="PPO clip epsilon above 1")
+    clip_ratio_c: float = knob(10.0, source="paper", gt=1, help="dual-clip lower bound c for negative advantages")
+    use_kl_loss: bool = knob(True, source="paper", help="KL to the reference policy as a loss term")
+    kl_loss_coef: float = knob(0.001, source="paper", ge=0, help="KL loss coefficient")
+    kl_loss_type: str = knob("low_var_kl", source="paper", choices=KL_TYPES, help="KL estimator")
+    entropy_coeff: float = knob(0.0, source="paper", ge=0, help="entropy bonus")
+    loss_agg_mode: str = knob("token-mean", source="paper", choices=LOSS_AGG_MODES, help="loss aggregation")
+    ppo_mini_batch_size: int = knob(8, source="paper", ge=1, help="tasks per optimizer step (x rollout.n samples)")
+    ppo_micro_batch_size_per_gpu: int = knob(1, source="paper", ge=1, help="samples per forward pass and GPU")
+    ppo_epochs: int = knob(1, source="release", ge=1, help="passes over each step's batch")
+    grad_clip: float = knob(1.0, source="paper", ge=0, help="gradient-norm clip")
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    adv_estimator: str = knob("grpo", source="paper", choices=ADV_ESTIMATORS,
+                              help="advantage estimator (A-Patch reweights GRPO's advantages)")
+    norm_adv_by_std_in_grpo: bool = knob(True, source="release", help="divide GRPO advantages by the group std")
+    use_kl_in_reward: bool = knob(False, source="paper", help="KL penalty inside the reward (off: KL is a loss)")
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    total_epochs: int = knob(6, source="paper", ge=1, help="epochs (12 steps per epoch -> 72 steps)")
+    total_training_steps: int | None = knob(None, source="ours", ge=1, help="overrides total_epochs when set")
+    test_freq: int = knob(10, source="paper", ge=0, help="validate every N steps (and at the end); 0 = only at the end")
+    val_before_train: bool = knob(True, source="paper", help="validate before the first step")
+    save_freq: int = knob(10, source="ours", ge=0,
+                          help="checkpoint every N steps; the last step is always saved (release: 0 + best only)")
+    best_metric: str = knob("val/accuracy/average", source="ours",
+                            help="metric that picks the best checkpoint (release: val/accuracy/multi_turn_base)")
+    n_gpus_per_node: int = knob(4, source="paper", ge=1, help="GPUs per node")
+    nnodes: int = knob(1, source="paper", ge=1, help="nodes")
+    logger: list[str] = knob(["console", "jsonl"], source="ours", choices=LOGGERS,
+                             help="metric sinks; wandb runs offline without WANDB_API_KEY")
+    wandb_project: str = knob("seal", source="ours", help="wandb project name")
+    resume: str = knob("auto", source="ours", help="auto | disable | <checkpoint dir>")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    experiment_name: str = knob("SEAL", source="ours", help="run directory: ${run_root}/${experiment_name}")
+    run_root: str = knob("runs", source="ours", help="parent of run directories (relative = from the cwd)")
+    engine: str = knob("verl", source="ours", choices=ENGINES,
+                       help="verl (GPU, Ray, vLLM) | local (one process, HF generation; CPU or 1 GPU)")
+    seed: int = knob(1, source="ours", help="seed of data order, sampling and the local engine")
+    model: ModelConfig = field(default_factory=ModelConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    seal: SealConfig = field(default_factory=SealConfig)
+
+    def __post_init__(self) -> None:
+        problems = field_problems(self) + self.check()
+        if problems:
+            raise ConfigError.listing(problems)
+
+    def check(self) -> list[str]:
+        """The rules no single knob can state; each message names its keys."""
+        problems = []
+        name = self.experiment_name
+        if not name or "/" in name or name in (".", ".."):
+            problems.append(f"experiment_name must be a plain directory name, got {name!r}")
+        if not self.env.urls:
+            problems.append("env.urls: at least one env-service URL is needed")
+        if self.rollout.top_k == 0 or self.rollout.top_k < -1:
+            problems.append(f"rollout.top_k must be -1 (off) or positive, got {self.rollout.top_k}")
+        if self.data.max_prompt_length + self.data.max_response_length > self.rollout.max_model_len:
+            # Release assertion (main_ppo): the whole sequence must fit the model's context.
+            problems.append("data.max_prompt_length + data.max_response_length must be <= rollout.max_model_len")
+        if self.actor.ppo_mini_batch_size >= 1 and self.data.train_batch_size % self.actor.ppo_mini_batch_size:
+            problems.append("data.train_batch_size must be a multiple of actor.ppo_mini_batch_size")
+        if not self.trainer.resume:
+            problems.append("trainer.resume: auto | disable | <checkpoint dir>")
+        if self.model.build_tiny and self.engine != "local":
+            problems.append("model.build_tiny is for engine: local only")
+        return problems
