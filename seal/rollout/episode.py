@@ -280,7 +280,8 @@ class TokenTurns:
         out.response_logprobs = self.logprobs
         n = self.limits.max_response_length
         if len(out.response_ids) > n:
-            # Release behaviour (docs/agent_loop.md, Limits): keep the head, drop the tail; the reward still grades the episode.
+            # Release behaviour (docs/agent_loop.md, Limits): keep the head, drop the tail; the reward still grades
+            # the whole episode.
             del out.response_ids[n:], out.response_mask[n:]
             if out.response_logprobs is not None:
                 del out.response_logprobs[n:]
