@@ -1,8 +1,8 @@
 """Writers for synthetic run and evaluation directories (docs/run_directory.md), for the report tests.
 
 The numbers these write are chosen by the test (counts of correct tasks, tag plans); the summaries are
-computed here with the textbook formulas, independently of ``seal.report.tables``, so a test can compare the
-code under test against hand-computed values.
+computed here with the textbook formulas, independently of ``seal.eval.results`` and ``seal.report.stats``, so
+a test can compare the code under test against hand-computed values.
 """
 
 from __future__ import annotations

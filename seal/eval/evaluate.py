@@ -5,10 +5,11 @@ against the env service (started here when ``--env-url`` is not given, and stopp
 evaluation directory (``docs/run_directory.md``: ``results.jsonl`` + ``summary.json``) and prints the paper's
 row (Average, Base, Miss Func, Miss Param, Long Context) with binomial standard errors.
 
-Token-level policies (``hf:``, ``vllm:``) play through the token-exact agent loop (``seal.rollout.episode``), the
-code that plays training episodes; text-level ones (``openai:``, the ``ground_truth`` / ``empty`` self-checks)
-through :func:`run_text_episode`, the same episode protocol on text. ``--run runs/<exp>`` evaluates a run's
-last and best checkpoints; ``--benchmark`` runs an OOD harness (``seal.eval.ood``). Usage: ``docs/evaluation.md``.
+Every policy plays through the one episode driver (``seal.rollout.episode.play_episode``), the code that plays
+training episodes, with its restart policy: token-level policies (``hf:``, ``vllm:``) token-exact, text-level
+ones (``openai:``, the ``ground_truth`` / ``empty`` self-checks) on text (``seal.eval.policies.TextTurns``).
+Records and summaries follow ``seal.eval.results``. ``--run runs/<exp>`` evaluates a run's last and best
+checkpoints; ``--benchmark`` runs an OOD harness (``seal.eval.ood``). Usage: ``docs/evaluation.md``.
 """
 
 from __future__ import annotations
@@ -27,22 +28,15 @@ from pathlib import Path
 from typing import Any
 
 from env_service.process import running_service
-from env_service.protocol import EvaluateReply
-from env_service.vocab import CATEGORIES, category_of
-from seal.eval.policies import (
-    GREEDY,
-    ContextLimitReached,
-    Policy,
-    PolicyError,
-    PolicyOptions,
-    ground_truth_steps,
-    parse_policy,
-)
+from env_service.vocab import CATEGORIES
+from seal.eval.policies import Policy, PolicyError, PolicyOptions, ground_truth_steps, parse_policy
+from seal.eval.results import build_summary, error_record, record_from_rollout, write_eval_dir
 from seal.report import paper_numbers as pn
-from seal.report.tables import Estimate, format_estimate, summary_from_results
+from seal.report.stats import Estimate
+from seal.report.tables import format_estimate
 from seal.rollout.client import EnvClient, EnvClientError, EnvUnavailable
-from seal.rollout.episode import check_created, check_step, run_all, run_episode, safe_delete
-from seal.rollout.types import Rollout, RolloutLimits, SamplingParams
+from seal.rollout.episode import play_episode, run_all
+from seal.rollout.types import RolloutLimits
 from seal.run_dir import (  # noqa: F401 - checkpoint selection lives in seal.run_dir; re-exported here
     BEST_METRIC,
     CheckpointChoice,
@@ -56,7 +50,7 @@ from seal.run_dir import (  # noqa: F401 - checkpoint selection lives in seal.ru
 log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-RELEASE_MAX_STEPS = 20  # the release's per-episode step limit (reference §4.3)
+RELEASE_MAX_STEPS = 20  # the release's per-episode step limit (docs/release_differences.md, row 4)
 
 # Ground-truth tasks the replay cannot pass under a documented service setting, and why.
 KNOWN_GT_ANOMALIES: dict[str, str] = {
@@ -99,110 +93,6 @@ def local_env_service(settings: ServiceSettings, timeout: float = 180.0) -> Iter
 # --- episodes ------------------------------------------------------------------------------------------
 
 
-async def run_text_episode(client: Any, agent: Any, task_id: str, *, max_model_calls: int = 64,
-                           max_restarts: int = 2, restart_backoff: float = 1.0) -> Rollout:
-    """Play one eval-mode episode with a text agent (``messages -> reply``) and grade it.
-
-    The text counterpart of ``seal.rollout.episode.run_episode`` (same protocol checks, same restart rule for a
-    lost service, the episode always deleted); no token bookkeeping. The reply is sent as the raw
-    assistant text. A `ContextLimitReached` from the agent stops the episode and grades it, as the token
-    loop does at the context limit; any other agent error propagates.
-    """
-    last_error = ""
-    for attempt in range(max_restarts + 1):
-        try:
-            out = await _text_episode_once(client, agent, task_id, max_model_calls)
-            out.attempts = attempt + 1
-            return out
-        except EnvUnavailable as exc:
-            last_error = str(exc)
-            log.warning("episode of %s lost to the env service (attempt %d): %s", task_id, attempt + 1, exc)
-            if attempt < max_restarts:
-                await asyncio.sleep(restart_backoff * 2**attempt)
-    return Rollout(task_id=task_id, mode="eval", excluded=True, exclude_reason="infrastructure",
-                   stop_reason="excluded", attempts=max_restarts + 1,
-                   messages=[{"role": "error", "content": last_error}])
-
-
-async def _text_episode_once(client: Any, agent: Any, task_id: str, max_model_calls: int) -> Rollout:
-    out = Rollout(task_id=task_id, mode="eval")
-    created = await client.create(task_id, "eval")
-    eid = created.episode_id
-    out.episode_id = eid
-    try:
-        out.messages = check_created(created)
-        out.category, out.num_turns = created.info.category, created.info.num_turns
-        stop_reason = "done"
-        while True:
-            if out.num_model_calls >= max_model_calls:
-                stop_reason = "max_model_calls"
-                break
-            started = time.perf_counter()
-            try:
-                text = await agent(list(out.messages))
-            except ContextLimitReached as exc:
-                stop_reason = "context_limit"
-                out.messages.append({"role": "error", "content": str(exc)})
-                break
-            out.model_time_s += time.perf_counter() - started
-            if not isinstance(text, str):
-                raise PolicyError(f"policy returned {type(text).__name__}, not text")
-            out.num_model_calls += 1
-            out.messages.append({"role": "assistant", "content": text})
-            started = time.perf_counter()
-            step = await client.step(eid, text)
-            out.env_time_s += time.perf_counter() - started
-            obs, done = check_step(step)
-            if done or obs is None:
-                break
-            out.messages.append({"role": obs.role, "content": obs.content})
-        out.stop_reason = stop_reason
-        result = await client.evaluate(eid)
-        if not isinstance(result, EvaluateReply):
-            raise PolicyError(f"evaluate reply is not an EvaluateReply: {str(result)[:200]}")
-        out.eval_result = result.model_dump()
-        out.accuracy = result.accuracy
-        out.reward = out.accuracy
-        out.progress = result.progress
-        out.failure_tags = list(result.failure_tags)
-        out.paper_labels = list(result.paper_labels)
-        out.completed = result.completed
-        return out
-    finally:
-        await safe_delete(client, eid)
-
-
-def record_from_rollout(rollout: Rollout, error: str | None = None) -> dict[str, Any]:
-    """One ``results.jsonl`` line (docs/run_directory.md) from a finished episode.
-
-    An excluded episode or one that failed counts as a failure (accuracy 0) with `error` set: every task of
-    the split is scored, so infrastructure trouble can never make a policy look better."""
-    if error is None and rollout.excluded:
-        detail = next((m["content"] for m in rollout.messages if m.get("role") == "error"), "")
-        error = f"excluded ({rollout.exclude_reason}): {detail}".strip()
-    result = rollout.eval_result or {}
-    accuracy = 1 if (error is None and rollout.accuracy == 1.0) else 0
-    return {
-        "task_id": rollout.task_id,
-        "category": rollout.category or category_of(rollout.task_id),
-        "accuracy": accuracy,
-        "progress": rollout.progress,
-        "failure_tags": list(rollout.failure_tags),
-        "paper_labels": list(rollout.paper_labels),
-        "num_model_calls": rollout.num_model_calls,
-        "num_turns": rollout.num_turns,
-        "stop_reason": rollout.stop_reason,
-        "end_reason": result.get("end_reason"),
-        "turns": result.get("turns"),
-        "messages": rollout.messages,
-        "error": error,
-    }
-
-
-def error_record(task_id: str, error: str) -> dict[str, Any]:
-    return record_from_rollout(Rollout(task_id=task_id, mode="eval", stop_reason="error"), error=error)
-
-
 @dataclass(frozen=True)
 class EpisodeBudget:
     """Per-episode bounds: token limits for the agent loop (release values) and the model-call bound."""
@@ -230,7 +120,6 @@ async def evaluate_tasks(policy: Policy, client: Any, task_ids: Sequence[str], *
     budget = budget or EpisodeBudget()
     gate = asyncio.Semaphore(concurrency)
     limits = budget.rollout_limits()
-    params = SamplingParams(temperature=GREEDY.temperature, top_p=GREEDY.top_p, top_k=GREEDY.top_k)
     records: list[dict[str, Any] | None] = [None] * len(task_ids)
     bar = tqdm(total=len(task_ids), desc=f"eval {policy.spec}", unit="task", disable=not progress,
                dynamic_ncols=True, mininterval=0.5)
@@ -240,13 +129,8 @@ async def evaluate_tasks(policy: Policy, client: Any, task_ids: Sequence[str], *
         nonlocal passed, finished
         async with gate:
             try:
-                if policy.token_backend is not None:
-                    backend = policy.token_backend
-                    rollout = await run_episode(client, backend.generate, backend.tokenizer, task_id, "eval",
-                                                None, params, limits)
-                else:
-                    rollout = await run_text_episode(client, policy.agent(task_id), task_id,
-                                                     max_model_calls=budget.max_model_calls)
+                rollout = await play_episode(client, policy.episode_turns(task_id, limits), task_id, "eval",
+                                             max_model_calls=limits.max_model_calls)
                 record = record_from_rollout(rollout)
             except EnvClientError as exc:
                 if exc.url.endswith("/episodes"):  # create refused: a caller error (unknown task, bad mode)
@@ -271,13 +155,6 @@ async def evaluate_tasks(policy: Policy, client: Any, task_ids: Sequence[str], *
 # --- summaries and output ------------------------------------------------------------------------------
 
 
-def build_summary(records: Sequence[dict[str, Any]], policy: str, split: str, wall_s: float,
-                  notes: Sequence[str]) -> dict[str, Any]:
-    """``summary.json`` (docs/run_directory.md), aggregated by ``seal.report.tables.summary_from_results``."""
-    aggregate = summary_from_results(records)
-    return {"policy": policy, "split": split, **aggregate, "wall_s": round(wall_s, 3), "notes": list(notes)}
-
-
 def paper_row(summary: dict[str, Any]) -> str:
     """The paper's held-in row (Average, Base, Miss Func, Miss Param, Long Context) as a markdown table."""
     accuracy, stderr = summary["accuracy"], summary["stderr"]
@@ -286,14 +163,6 @@ def paper_row(summary: dict[str, Any]) -> str:
         headers.append(pn.HELD_IN_HEADERS[key])
         cells.append(format_estimate(Estimate(accuracy[key], stderr.get(key))) if key in accuracy else "–")
     return "| " + " | ".join(headers) + " |\n|" + "---:|" * len(headers) + "\n| " + " | ".join(cells) + " |"
-
-
-def write_eval_dir(out: Path, records: Sequence[dict[str, Any]], summary: dict[str, Any]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "results.jsonl", "w", encoding="utf-8") as handle:
-        for record in records:
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def self_check_notes(policy: Policy, records: Sequence[dict[str, Any]]) -> list[str]:

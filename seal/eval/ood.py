@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import os
 import re
 import shutil
@@ -45,6 +44,7 @@ from typing import Any
 
 from env_service.parser import format_tool_call
 from seal.eval.policies import EMPTY_REPLY, Agent, Message, Policy, PolicyError, PolicyOptions, parse_policy
+from seal.eval.results import ood_summary, write_eval_dir
 
 BENCHMARKS = ("bfcl_v4_memory", "bfcl_v4_web_search", "tau2_retail", "tau2_airline", "tau2_telecom")
 MEMORY_BACKENDS = ("kv", "rec_sum", "vector")
@@ -434,42 +434,6 @@ async def _run_entries(entries: Sequence[AgenticEntry], policy: Policy, concurre
     return [results[e.id] for e in questions], prereqs
 
 
-def ood_summary(records: Sequence[dict], split: str, policy: str, wall_s: float, notes: Sequence[str]) -> dict:
-    """The OOD summary (docs/run_directory.md): per key, the unweighted mean over BFCL sub-categories.
-
-    Each key's `count` is its number of questions; with sub-categories of equal size (every full run) the mean
-    equals the pooled fraction, so standard errors recomputed from `count` agree with ours."""
-    from seal.report.tables import binomial_stderr
-
-    parts: dict[str, dict[str, list[int]]] = {}
-    for record in records:
-        parts.setdefault(record["category"], {}).setdefault(record["bfcl_category"], []).append(record["accuracy"])
-    accuracy, stderr, count, breakdown = {}, {}, {}, {}
-    for key, subs in parts.items():
-        means = {sub: sum(v) / len(v) for sub, v in subs.items()}
-        errors = {sub: binomial_stderr(means[sub], len(v)) for sub, v in subs.items()}
-        accuracy[key] = sum(means.values()) / len(means)
-        stderr[key] = math.sqrt(sum(e * e for e in errors.values())) / len(means)
-        count[key] = sum(len(v) for v in subs.values())
-        for sub, values in subs.items():
-            breakdown[sub] = {"accuracy": means[sub], "stderr": errors[sub], "count": len(values)}
-    return {"policy": policy, "split": split, "n": len(records), "accuracy": accuracy, "stderr": stderr,
-            "count": count, "breakdown": breakdown, "tag_counts": {}, "label_counts": {},
-            "wall_s": round(wall_s, 3), "notes": list(notes)}
-
-
-def _write(out: Path, records: Sequence[dict], summary: dict, prereqs: Sequence[dict]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "results.jsonl", "w", encoding="utf-8") as handle:
-        for record in records:
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-    if prereqs:
-        with open(out / "prereq_conversations.jsonl", "w", encoding="utf-8") as handle:
-            for row in prereqs:
-                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
 def _select(entries: list[AgenticEntry], tasks: Sequence[str] | None) -> list[AgenticEntry]:
     """All entries, or the chosen questions (by BFCL id) with every prerequisite of their chains."""
     if not tasks:
@@ -531,7 +495,7 @@ def run_bfcl_v4_memory(policy: Policy, out: Path, backends: Sequence[str] = ("kv
                      f"'memory' is the mean of {', '.join(backends)} only (see 'breakdown')")
     notes += _self_check_notes(policy, records)
     summary = ood_summary(records, "bfcl_v4", policy.spec, wall_s, notes)
-    _write(out, records, summary, prereqs)
+    write_eval_dir(out, records, summary, {"prereq_conversations.jsonl": prereqs} if prereqs else None)
     return summary
 
 
@@ -566,7 +530,7 @@ def run_bfcl_v4_web_search(policy: Policy, out: Path, tasks: Sequence[str] | Non
     notes = [*_policy_notes(policy, "web_search"), f"BFCL V4 web search categories run: {', '.join(categories)}"]
     notes += _self_check_notes(policy, records)
     summary = ood_summary(records, "bfcl_v4", policy.spec, wall_s, notes)
-    _write(out, records, summary, [])
+    write_eval_dir(out, records, summary)
     return summary
 
 

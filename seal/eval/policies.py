@@ -12,8 +12,10 @@ A policy is named by a spec string (``python -m seal.evaluate --policy SPEC``):
 - ``empty``: harness self-check; always a plain reply (no tool call ever).
 
 Every policy offers the text-level interface ``policy.agent(task_id)`` -> an async callable
-``messages -> reply text`` (the OOD harnesses and the text path of the held-in evaluation use it); token-level
-policies also carry a ``TokenBackend`` (tokenizer + ``generate``) for the token-exact agent loop.
+``messages -> reply text`` (the OOD harnesses use it); token-level policies also carry a ``TokenBackend``
+(tokenizer + ``generate``). ``policy.episode_turns(task_id, limits)`` says how the one episode driver
+(``seal.rollout.episode.play_episode``) calls the policy: token level (``TokenTurns``) when it has a token
+backend, text level (:class:`TextTurns` over its agent) otherwise.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import asyncio
 import json
 import logging
 import os
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -31,8 +34,9 @@ import httpx
 
 from env_service.parser import format_tool_call
 from env_service.tasks import TURN_END_REPLY, ground_truth_replies
+from seal.rollout.episode import ChatCodec, TokenTurns, Turns
 from seal.rollout.hf_generation import HFGenerator
-from seal.rollout.types import GenerateFn, Generation, SamplingParams
+from seal.rollout.types import GenerateFn, Generation, Rollout, RolloutLimits, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +94,56 @@ class Policy:
         """A fresh per-episode text agent for `task_id` (self-checks need the task; models ignore it)."""
         return self.agent_factory(task_id)
 
+    def episode_turns(self, task_id: str, limits: RolloutLimits) -> Callable[[], Turns]:
+        """How the episode driver calls this policy on `task_id`: one fresh `Turns` per attempt, greedy.
+
+        Token level when the policy has a token backend (the loop that plays training episodes), text level
+        otherwise. A restarted episode gets a fresh agent, so a scripted replay starts over with it."""
+        backend = self.token_backend
+        if backend is not None:
+            codec = ChatCodec.for_tokenizer(backend.tokenizer)
+            return lambda: TokenTurns(backend.generate, codec, GREEDY, limits)
+        return lambda: TextTurns(self.agent(task_id))
+
     async def aclose(self) -> None:
         for close in self.closers:
             await close()
+
+
+class TextTurns:
+    """Text level of the episode driver (`seal.rollout.episode.Turns`): the conversation so far goes to the
+    agent as messages, its reply text is what the environment steps with; no token bookkeeping.
+
+    A `ContextLimitReached` from the agent stops the episode, which is graded as it stands (the token level's
+    context limit), with the refusal kept in the transcript as an ``error`` message. A reply that is not text
+    raises `PolicyError`; any other agent error propagates.
+    """
+
+    __slots__ = ("agent",)
+
+    def __init__(self, agent: Agent):
+        self.agent = agent
+
+    def open(self, out: Rollout, head: list[Message]) -> str | None:
+        return None
+
+    async def reply(self, out: Rollout, messages: list[Message]) -> str | None:
+        started = time.perf_counter()
+        try:
+            text = await self.agent(list(messages))
+        except ContextLimitReached as exc:
+            out.messages.append({"role": "error", "content": str(exc)})
+            return None
+        out.model_time_s += time.perf_counter() - started
+        if not isinstance(text, str):
+            raise PolicyError(f"policy returned {type(text).__name__}, not text")
+        return text
+
+    def observe(self, out: Rollout, observation: Message) -> None:
+        return None
+
+    def close(self, out: Rollout) -> None:
+        return None
 
 
 # --- self-checks ----------------------------------------------------------------------------------------

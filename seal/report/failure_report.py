@@ -17,17 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from env_service.vocab import CATEGORIES, PAPER_LABELS, PROGRESS_TAGS
-from seal.report.tables import (
-    Estimate,
-    binomial_estimate,
-    format_delta,
-    format_estimate,
-    mean_estimate,
-    read_results,
-    record_category,
-    resolve_eval_dir,
-    summary_from_results,
-)
+from seal.eval.results import read_records, record_category, summary_from_results
+from seal.report.stats import Estimate, binomial_estimate, mean_estimate
+from seal.report.tables import format_delta, format_estimate
 
 ALL = "all"
 AVERAGE = "average"
@@ -209,8 +201,4 @@ def render_comparison(
 
 def load_results(path: str | Path) -> list[dict[str, Any]]:
     """The records of an evaluation directory (or a run directory with one evaluation, or ``eval/best``)."""
-    directory = resolve_eval_dir(path)
-    results = directory / "results.jsonl"
-    if not results.is_file():
-        raise ValueError(f"{directory}: no results.jsonl (a failure report needs per-task records)")
-    return read_results(results)
+    return read_records(path)

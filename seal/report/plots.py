@@ -24,7 +24,8 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from env_service.vocab import CATEGORIES, PAPER_LABELS, PROGRESS_TAGS
-from seal.report.tables import binomial_stderr, read_results
+from seal.eval.results import read_jsonl
+from seal.report.stats import binomial_stderr
 from seal.run_dir import METRICS_FILE
 
 AVERAGE = "average"
@@ -52,7 +53,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     if path.is_dir():
         path = path / METRICS_FILE
-    records = read_results(path)
+    records = read_jsonl(path)
     for number, record in enumerate(records, 1):
         step = record.get("step")
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:

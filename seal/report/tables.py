@@ -1,7 +1,8 @@
 """The paper's tables, rendered as markdown from our evaluation directories beside the paper's numbers.
 
-Pure functions do the work (estimates, formatting, rendering); the few readers at the bottom turn an
-evaluation directory (``docs/run_directory.md``) into estimates. ``scripts/make_tables.py`` is the CLI.
+Pure functions do the work (summary -> estimates, formatting, rendering); ``load_held_in`` / ``load_ood``
+read evaluation directories through ``seal.eval.results`` (the schema, ``docs/run_directory.md``); the
+statistics come from ``seal.report.stats``. ``scripts/make_tables.py`` is the CLI.
 
 Numbers: our accuracies are fractions in [0, 1] and print as percent with two decimals and the binomial
 standard error, ``37.00 ± 4.83`` for 37/100; an average of k parts carries sqrt(Σ se²)/k. The paper
@@ -10,129 +11,25 @@ column prints the paper's percent; Δ = ours (as printed) − paper, in percenta
 
 from __future__ import annotations
 
-import json
-import math
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from env_service.vocab import CATEGORIES, category_of
+from env_service.vocab import CATEGORIES
+from seal.eval.results import EvalDataError, read_summary
 from seal.report import paper_numbers as pn
 from seal.report.paper_numbers import Row
-from seal.run_dir import RunDir
+from seal.report.stats import Estimate, binomial_estimate, mean_estimate
 
 MISSING = "–"
-
-
-class EvalDataError(ValueError):
-    """An evaluation directory, summary or mapping file that does not follow docs/run_directory.md."""
 
 
 # Keys an OOD evaluation summary may carry under "accuracy" / "count" (docs/run_directory.md, extension).
 OOD_PARTS: tuple[str, ...] = tuple(part for parts in pn.OOD_SUITES.values() for part in parts)
 
 
-@dataclass(frozen=True)
-class Estimate:
-    """A success rate: ``value`` is a fraction in [0, 1], ``stderr`` its standard error (None if unknown)."""
-
-    value: float
-    stderr: float | None = None
-    n: int | None = None
-
-    def __post_init__(self) -> None:
-        if not (0.0 <= self.value <= 1.0) or math.isnan(self.value):
-            raise ValueError(
-                f"accuracy {self.value!r} is not a fraction in [0, 1] (percentages are not accepted)"
-            )
-        if self.stderr is not None and (self.stderr < 0 or math.isnan(self.stderr)):
-            raise ValueError(f"standard error {self.stderr!r} must be >= 0")
-        if self.n is not None and self.n <= 0:
-            raise ValueError(f"sample size {self.n!r} must be positive")
-
-
-def binomial_stderr(p: float, n: int) -> float:
-    """Binomial standard error sqrt(p (1 - p) / n) of a success fraction ``p`` over ``n`` trials."""
-    if n <= 0:
-        raise ValueError(f"n must be positive, got {n}")
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"p must be in [0, 1], got {p}")
-    return math.sqrt(p * (1.0 - p) / n)
-
-
-def binomial_estimate(p: float, n: int | None, stderr: float | None = None) -> Estimate:
-    """An estimate whose standard error comes from ``n`` when known, else from ``stderr`` as given."""
-    if n is not None:
-        return Estimate(p, binomial_stderr(p, n), n)
-    return Estimate(p, stderr)
-
-
-def mean_estimate(parts: Sequence[Estimate]) -> Estimate:
-    """Unweighted mean of independent estimates; stderr sqrt(Σ se²)/k (None if any part lacks one)."""
-    if not parts:
-        raise ValueError("mean of no estimates")
-    k = len(parts)
-    value = sum(part.value for part in parts) / k
-    errors = [part.stderr for part in parts if part.stderr is not None]
-    stderr = math.sqrt(sum(e * e for e in errors)) / k if len(errors) == k else None
-    counts = [part.n for part in parts if part.n is not None]
-    n = sum(counts) if len(counts) == k else None
-    # Clamp float noise so the mean of fractions stays a fraction.
-    return Estimate(min(max(value, 0.0), 1.0), stderr, n)
-
-
-# --- summaries ----------------------------------------------------------------------------------
-
-
-def summary_from_results(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """Aggregate ``results.jsonl`` records into the ``summary.json`` shape (``docs/run_directory.md``).
-
-    Returns ``{"n", "accuracy", "stderr", "count", "tag_counts", "label_counts"}``; ``average`` (mean of
-    the category means) is present only when every category in the records is a BFCL V3 category and
-    all four are present.
-    """
-    correct: Counter[str] = Counter()
-    count: Counter[str] = Counter()
-    tag_counts: dict[str, Counter[str]] = {}
-    label_counts: dict[str, Counter[str]] = {}
-    for index, record in enumerate(records):
-        category = record_category(record, index)
-        accuracy = record.get("accuracy")
-        if not isinstance(accuracy, (int, float)) or isinstance(accuracy, bool) or accuracy not in (0, 1):
-            raise ValueError(
-                f"record {index} ({record.get('task_id')!r}): accuracy must be 0 or 1, got {accuracy!r}"
-            )
-        count[category] += 1
-        correct[category] += int(accuracy)
-        tag_counts.setdefault(category, Counter()).update(record.get("failure_tags") or [])
-        label_counts.setdefault(category, Counter()).update(record.get("paper_labels") or [])
-    accuracy = {c: correct[c] / count[c] for c in count}
-    stderr = {c: binomial_stderr(accuracy[c], count[c]) for c in count}
-    if set(count) == set(CATEGORIES):
-        average = mean_estimate([Estimate(accuracy[c], stderr[c]) for c in CATEGORIES])
-        accuracy[pn.AVERAGE] = average.value
-        stderr[pn.AVERAGE] = average.stderr
-    return {
-        "n": sum(count.values()),
-        "accuracy": accuracy,
-        "stderr": stderr,
-        "count": dict(count),
-        "tag_counts": {c: dict(v) for c, v in tag_counts.items()},
-        "label_counts": {c: dict(v) for c, v in label_counts.items()},
-    }
-
-
-def record_category(record: Mapping[str, Any], index: int = 0) -> str:
-    """A result record's category: its ``category`` field, else derived from ``task_id``."""
-    category = record.get("category")
-    if isinstance(category, str) and category:
-        return category
-    task_id = record.get("task_id")
-    if isinstance(task_id, str) and task_id:
-        return category_of(task_id)
-    raise ValueError(f"record {index}: neither 'category' nor 'task_id' is set")
+# --- summaries -> estimates ---------------------------------------------------------------------
 
 
 def estimates_from_summary(summary: Mapping[str, Any], allowed: Iterable[str]) -> dict[str, Estimate]:
@@ -363,62 +260,7 @@ def render_tables(
     return "\n".join(parts)
 
 
-# --- reading evaluation directories -------------------------------------------------------------
-
-
-def resolve_eval_dir(path: str | Path) -> Path:
-    """An evaluation directory from a path to one, or to a run directory holding exactly one (or ``eval/last``).
-
-    A run directory resolves to its last checkpoint's evaluation: validation uses the 400 held-in tasks, so
-    ``eval/best`` is selected on the test set and is optimistic; name it explicitly to report it."""
-    path = Path(path)
-    if (path / "summary.json").is_file() or (path / "results.jsonl").is_file():
-        return path
-    last = RunDir(path).eval_dir("last")
-    eval_root = last.parent
-    if eval_root.is_dir():
-        if last.is_dir():
-            return resolve_eval_dir(last)
-        candidates = sorted(p for p in eval_root.iterdir() if p.is_dir())
-        if len(candidates) == 1:
-            return resolve_eval_dir(candidates[0])
-        names = [p.name for p in candidates]
-        raise ValueError(f"{path}: run directory has evaluations {names}; name one (e.g. {eval_root}/<name>)")
-    raise ValueError(
-        f"{path}: not an evaluation directory (no summary.json or results.jsonl) nor a run directory"
-    )
-
-
-def read_results(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a ``results.jsonl`` file (one JSON object per line; blank lines skipped)."""
-    records = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{number}: not JSON ({exc.msg})") from None
-            if not isinstance(record, dict):
-                raise EvalDataError(f"{path}:{number}: expected a JSON object")
-            records.append(record)
-    return records
-
-
-def read_summary(path: str | Path) -> dict[str, Any]:
-    """An evaluation directory's summary: ``summary.json``, else aggregated from ``results.jsonl``."""
-    directory = resolve_eval_dir(path)
-    summary_path = directory / "summary.json"
-    if summary_path.is_file():
-        try:
-            summary = json.loads(summary_path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{summary_path}: not JSON ({exc.msg})") from None
-        if not isinstance(summary, dict):
-            raise EvalDataError(f"{summary_path}: expected a JSON object")
-        return summary
-    return summary_from_results(read_results(directory / "results.jsonl"))
+# --- reading evaluation directories into table estimates ------------------------------------
 
 
 def load_held_in(mapping: Mapping[str, str | Path]) -> dict[Row, dict[str, Estimate]]:

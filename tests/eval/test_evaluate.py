@@ -12,7 +12,8 @@ import pytest
 from env_service.vocab import CATEGORIES
 from seal.eval import evaluate as ev
 from seal.eval.policies import Policy, PolicyError, constant_agent
-from seal.report.tables import held_in_estimates, read_summary
+from seal.eval.results import read_summary
+from seal.report.tables import held_in_estimates
 from seal.rollout.client import EnvClient
 
 RESULT_KEYS = {"task_id", "category", "accuracy", "progress", "failure_tags", "paper_labels", "num_model_calls",

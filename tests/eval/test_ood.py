@@ -12,7 +12,8 @@ from env_service.parser import format_tool_call
 from seal.eval import evaluate as ev
 from seal.eval import ood
 from seal.eval.policies import Policy, parse_policy
-from seal.report.tables import ood_estimates, read_summary
+from seal.eval.results import read_summary
+from seal.report.tables import ood_estimates
 
 
 def read_jsonl(path):

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from env_service.vocab import CATEGORIES
+from seal.eval import results
 from seal.report import paper_numbers as pn
-from seal.report import tables
+from seal.report import stats, tables
 from seal.report.paper_numbers import Row
 from tests.synthetic_runs import load_script, write_eval_dir
 
@@ -44,11 +45,11 @@ def cells_by_header(markdown: str, title_start: str, label: str) -> dict[str, st
 
 def test_binomial_formatting_hand_computed() -> None:
     # sqrt(0.37 * 0.63 / 100) = 0.048280 -> 4.83
-    assert tables.format_estimate(tables.binomial_estimate(0.37, 100)) == "37.00 ± 4.83"
-    assert tables.format_estimate(tables.Estimate(0.5)) == "50.00"
+    assert tables.format_estimate(stats.binomial_estimate(0.37, 100)) == "37.00 ± 4.83"
+    assert tables.format_estimate(stats.Estimate(0.5)) == "50.00"
     assert tables.format_estimate(None) == "–"
-    assert tables.format_delta(tables.delta_points(tables.Estimate(0.37), 58.0)) == "-21.00"
-    assert tables.format_delta(tables.delta_points(tables.Estimate(0.4025), 40.25)) == "0.00"
+    assert tables.format_delta(tables.delta_points(stats.Estimate(0.37), 58.0)) == "-21.00"
+    assert tables.format_delta(tables.delta_points(stats.Estimate(0.4025), 40.25)) == "0.00"
     assert tables.format_delta(None) == "–"
 
 
@@ -207,15 +208,15 @@ def test_bad_inputs_give_clear_errors(tmp_path: Path) -> None:
 def test_run_directory_resolution(tmp_path: Path) -> None:
     run = tmp_path / "run"
     only = write_eval_dir(run / "eval" / "step_72", COUNTS, results=False)
-    assert tables.resolve_eval_dir(run) == only
+    assert results.resolve_eval_dir(run) == only
     write_eval_dir(run / "eval" / "step_10", COUNTS, results=False)
     with pytest.raises(ValueError, match="name one"):
-        tables.resolve_eval_dir(run)
+        results.resolve_eval_dir(run)
     write_eval_dir(run / "eval" / "best", COUNTS, results=False)
     with pytest.raises(ValueError, match="name one"):  # best alone is not chosen: it is selected on the test set
-        tables.resolve_eval_dir(run)
+        results.resolve_eval_dir(run)
     last = write_eval_dir(run / "eval" / "last", COUNTS, results=False)
-    assert tables.resolve_eval_dir(run) == last
+    assert results.resolve_eval_dir(run) == last
 
 
 def test_cli_with_mapping_file_and_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,259 @@
+"""The evaluation directory: its files, their schema, and the one place that writes and reads them.
+
+``python -m seal.evaluate`` (held-in, ``seal.eval.evaluate``) and the OOD harnesses (``seal.eval.ood``) write
+through this module; the report modules (``seal.report.tables``, ``plots``, ``failure_report``) read through
+it. The contract is ``docs/run_directory.md``; in short:
+
+``results.jsonl``, one JSON object per task, in task order:
+
+    task_id, category            BFCL id and category (OOD: the sub-benchmark key, e.g. ``memory``)
+    accuracy                     0 or 1: the official verdict, 0 whenever ``error`` is set
+    progress                     share of scorable turns passed (the service's diagnosis), or null
+    failure_tags, paper_labels   per user turn: the release's progress tag and the paper's label
+    num_model_calls, num_turns   model calls made; user turns of the task
+    stop_reason                  done | context_limit | max_model_calls | excluded | error
+    end_reason, turns            the service's end reason and per-turn details (held-in)
+    messages                     the transcript: system, user, assistant replies, observations
+    error                        null, or why the task could not be played (it then counts as a failure)
+
+OOD records add ``bfcl_category``, ``scenario``, ``force_quit``, ``final_answer``, ``possible_answers`` and
+``verdict`` (built by ``seal.eval.ood.result_record``).
+
+``summary.json``: ``policy``, ``split``, ``n``, ``accuracy`` and ``stderr`` per category, ``count``,
+``tag_counts`` and ``label_counts`` per category, ``wall_s``, ``notes``; held-in summaries with all four
+BFCL V3 categories add ``average`` (mean of the category means) to ``accuracy`` and ``stderr``; OOD summaries
+add ``breakdown`` (per BFCL sub-category); ``--run`` adds ``checkpoint``. Standard errors follow
+``seal.report.stats``. OOD memory runs also write ``prereq_conversations.jsonl``.
+
+A path given where an evaluation directory is expected may also be a run directory: it resolves to
+``eval/last`` (the honest number), else to its only ``eval/<name>`` (:func:`resolve_eval_dir`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from env_service.vocab import CATEGORIES, category_of
+from seal.report.stats import Estimate, binomial_stderr, mean_estimate
+from seal.rollout.types import Rollout
+from seal.run_dir import RunDir
+
+RESULTS_FILE = "results.jsonl"
+SUMMARY_FILE = "summary.json"
+AVERAGE = "average"
+
+
+class EvalDataError(ValueError):
+    """An evaluation directory, summary or mapping file that does not follow docs/run_directory.md."""
+
+
+# --- per-task records ---------------------------------------------------------------------------------
+
+
+def record_from_rollout(rollout: Rollout, error: str | None = None) -> dict[str, Any]:
+    """One ``results.jsonl`` line from a finished episode.
+
+    An excluded episode or one that failed counts as a failure (accuracy 0) with `error` set: every task of
+    the split is scored, so infrastructure trouble can never make a policy look better."""
+    if error is None and rollout.excluded:
+        detail = next((m["content"] for m in rollout.messages if m.get("role") == "error"), "")
+        error = f"excluded ({rollout.exclude_reason}): {detail}".strip()
+    result = rollout.eval_result or {}
+    accuracy = 1 if (error is None and rollout.accuracy == 1.0) else 0
+    return {
+        "task_id": rollout.task_id,
+        "category": rollout.category or category_of(rollout.task_id),
+        "accuracy": accuracy,
+        "progress": rollout.progress,
+        "failure_tags": list(rollout.failure_tags),
+        "paper_labels": list(rollout.paper_labels),
+        "num_model_calls": rollout.num_model_calls,
+        "num_turns": rollout.num_turns,
+        "stop_reason": rollout.stop_reason,
+        "end_reason": result.get("end_reason"),
+        "turns": result.get("turns"),
+        "messages": rollout.messages,
+        "error": error,
+    }
+
+
+def error_record(task_id: str, error: str) -> dict[str, Any]:
+    """The record of a task that could not be played at all (it counts as a failure)."""
+    return record_from_rollout(Rollout(task_id=task_id, mode="eval", stop_reason="error"), error=error)
+
+
+def record_category(record: Mapping[str, Any], index: int = 0) -> str:
+    """A result record's category: its ``category`` field, else derived from ``task_id``."""
+    category = record.get("category")
+    if isinstance(category, str) and category:
+        return category
+    task_id = record.get("task_id")
+    if isinstance(task_id, str) and task_id:
+        return category_of(task_id)
+    raise ValueError(f"record {index}: neither 'category' nor 'task_id' is set")
+
+
+# --- summaries ----------------------------------------------------------------------------------------
+
+
+def summary_from_results(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Aggregate ``results.jsonl`` records into the ``summary.json`` shape.
+
+    Returns ``{"n", "accuracy", "stderr", "count", "tag_counts", "label_counts"}``; ``average`` (mean of
+    the category means) is present only when every category in the records is a BFCL V3 category and
+    all four are present.
+    """
+    correct: Counter[str] = Counter()
+    count: Counter[str] = Counter()
+    tag_counts: dict[str, Counter[str]] = {}
+    label_counts: dict[str, Counter[str]] = {}
+    for index, record in enumerate(records):
+        category = record_category(record, index)
+        accuracy = record.get("accuracy")
+        if not isinstance(accuracy, (int, float)) or isinstance(accuracy, bool) or accuracy not in (0, 1):
+            raise ValueError(
+                f"record {index} ({record.get('task_id')!r}): accuracy must be 0 or 1, got {accuracy!r}"
+            )
+        count[category] += 1
+        correct[category] += int(accuracy)
+        tag_counts.setdefault(category, Counter()).update(record.get("failure_tags") or [])
+        label_counts.setdefault(category, Counter()).update(record.get("paper_labels") or [])
+    accuracy = {c: correct[c] / count[c] for c in count}
+    stderr = {c: binomial_stderr(accuracy[c], count[c]) for c in count}
+    if set(count) == set(CATEGORIES):
+        average = mean_estimate([Estimate(accuracy[c], stderr[c]) for c in CATEGORIES])
+        accuracy[AVERAGE] = average.value
+        stderr[AVERAGE] = average.stderr
+    return {
+        "n": sum(count.values()),
+        "accuracy": accuracy,
+        "stderr": stderr,
+        "count": dict(count),
+        "tag_counts": {c: dict(v) for c, v in tag_counts.items()},
+        "label_counts": {c: dict(v) for c, v in label_counts.items()},
+    }
+
+
+def build_summary(records: Sequence[Mapping[str, Any]], policy: str, split: str, wall_s: float,
+                  notes: Sequence[str]) -> dict[str, Any]:
+    """A held-in ``summary.json``: :func:`summary_from_results` plus the evaluation's identity and notes."""
+    aggregate = summary_from_results(records)
+    return {"policy": policy, "split": split, **aggregate, "wall_s": round(wall_s, 3), "notes": list(notes)}
+
+
+def ood_summary(records: Sequence[Mapping[str, Any]], split: str, policy: str, wall_s: float,
+                notes: Sequence[str]) -> dict[str, Any]:
+    """An OOD ``summary.json``: per key, the unweighted mean over its BFCL sub-categories (``bfcl_category``).
+
+    Each key's `count` is its number of questions; with sub-categories of equal size (every full run) the mean
+    equals the pooled fraction, so standard errors recomputed from `count` agree with ours."""
+    parts: dict[str, dict[str, list[int]]] = {}
+    for record in records:
+        parts.setdefault(record["category"], {}).setdefault(record["bfcl_category"], []).append(record["accuracy"])
+    accuracy, stderr, count, breakdown = {}, {}, {}, {}
+    for key, subs in parts.items():
+        means = {sub: sum(v) / len(v) for sub, v in subs.items()}
+        errors = {sub: binomial_stderr(means[sub], len(v)) for sub, v in subs.items()}
+        accuracy[key] = sum(means.values()) / len(means)
+        stderr[key] = math.sqrt(sum(e * e for e in errors.values())) / len(means)
+        count[key] = sum(len(v) for v in subs.values())
+        for sub, values in subs.items():
+            breakdown[sub] = {"accuracy": means[sub], "stderr": errors[sub], "count": len(values)}
+    return {"policy": policy, "split": split, "n": len(records), "accuracy": accuracy, "stderr": stderr,
+            "count": count, "breakdown": breakdown, "tag_counts": {}, "label_counts": {},
+            "wall_s": round(wall_s, 3), "notes": list(notes)}
+
+
+# --- writing ------------------------------------------------------------------------------------------
+
+
+def write_jsonl(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def write_summary(out: Path, summary: Mapping[str, Any]) -> None:
+    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def write_eval_dir(out: Path, records: Sequence[Mapping[str, Any]], summary: Mapping[str, Any],
+                   extra: Mapping[str, Sequence[Mapping[str, Any]]] | None = None) -> None:
+    """Write ``results.jsonl``, ``summary.json`` and any ``extra`` JSONL files (name -> rows) into `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_jsonl(out / RESULTS_FILE, records)
+    for name, rows in (extra or {}).items():
+        write_jsonl(out / name, rows)
+    write_summary(out, summary)
+
+
+# --- reading ------------------------------------------------------------------------------------------
+
+
+def resolve_eval_dir(path: str | Path) -> Path:
+    """An evaluation directory from a path to one, or to a run directory holding exactly one (or ``eval/last``).
+
+    A run directory resolves to its last checkpoint's evaluation: validation uses the 400 held-in tasks, so
+    ``eval/best`` is selected on the test set and is optimistic; name it explicitly to report it."""
+    path = Path(path)
+    if (path / SUMMARY_FILE).is_file() or (path / RESULTS_FILE).is_file():
+        return path
+    last = RunDir(path).eval_dir("last")
+    eval_root = last.parent
+    if eval_root.is_dir():
+        if last.is_dir():
+            return resolve_eval_dir(last)
+        candidates = sorted(p for p in eval_root.iterdir() if p.is_dir())
+        if len(candidates) == 1:
+            return resolve_eval_dir(candidates[0])
+        names = [p.name for p in candidates]
+        raise ValueError(f"{path}: run directory has evaluations {names}; name one (e.g. {eval_root}/<name>)")
+    raise ValueError(
+        f"{path}: not an evaluation directory (no summary.json or results.jsonl) nor a run directory"
+    )
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """The objects of a JSON-lines file (``results.jsonl``, ``metrics.jsonl``); blank lines skipped."""
+    records = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{number}: not JSON ({exc.msg})") from None
+            if not isinstance(record, dict):
+                raise EvalDataError(f"{path}:{number}: expected a JSON object")
+            records.append(record)
+    return records
+
+
+def read_records(path: str | Path) -> list[dict[str, Any]]:
+    """The records of an evaluation directory (or a run directory with one evaluation, or ``eval/best``)."""
+    directory = resolve_eval_dir(path)
+    results = directory / RESULTS_FILE
+    if not results.is_file():
+        raise ValueError(f"{directory}: no results.jsonl (a failure report needs per-task records)")
+    return read_jsonl(results)
+
+
+def read_summary(path: str | Path) -> dict[str, Any]:
+    """An evaluation directory's summary: ``summary.json``, else aggregated from ``results.jsonl``."""
+    directory = resolve_eval_dir(path)
+    summary_path = directory / SUMMARY_FILE
+    if summary_path.is_file():
+        try:
+            summary = json.loads(summary_path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{summary_path}: not JSON ({exc.msg})") from None
+        if not isinstance(summary, dict):
+            raise EvalDataError(f"{summary_path}: expected a JSON object")
+        return summary
+    return summary_from_results(read_jsonl(directory / RESULTS_FILE))
