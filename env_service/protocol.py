@@ -88,10 +88,6 @@ class ErrorReply(_Reply):
     error: ErrorBody
 
 
-def error_payload(code: str, message: str) -> dict[str, Any]:
-    return {"error": {"code": code, "message": message}}
-
-
 # =====================================================================================================
 # The train-only interface Ω
 # =====================================================================================================
