@@ -1,4 +1,4 @@
-"""The HTTP service (FastAPI): ARCHITECTURE's wire protocol over an ``EpisodeStore``.
+"""The HTTP service (FastAPI): the wire protocol (docs/protocol.md) over an ``EpisodeStore``.
 
 Every handler runs on the event loop without awaiting in the middle of an episode operation, so a step is
 atomic with respect to other requests; tool execution and grading are pure CPU work of a few milliseconds.

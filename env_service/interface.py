@@ -1,7 +1,7 @@
-"""Renderer of the train-only observation interface Ω_t (paper §Method, "Interface evolution").
+"""Renderer of the train-only observation interface Ω_t (docs/paper.md §4).
 
 The trainer decides Ω_t from the capability state and sends it, as plain JSON, with every training
-episode (ARCHITECTURE.md, "Train-only interface Ω_t")::
+episode (docs/interface.md, "The spec and its validation")::
 
     {"version": int,
      "schema": {"required": bool, "enum": bool, "types": bool, "hide_optional": bool},
@@ -26,7 +26,7 @@ docs or ground truth); error hints are computed only from the error text, the na
 called and the list of currently available tool names the caller passes.
 
 The wording of every marker, instruction and hint is ours; the release's strings are documented in
-the reference (§2.8–2.10) and deliberately not reused. Differences from the release: docs/interface.md.
+docs/release_behaviour.md §6 and deliberately not reused. Differences from the release: docs/interface.md.
 """
 
 from __future__ import annotations

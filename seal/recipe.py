@@ -47,7 +47,7 @@ LOGGERS = ("console", "jsonl", "wandb")
 # verl.trainer.ppo.core_algos.kl_penalty / agg_loss accept these.
 KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-# A-Patch is defined on top of GRPO's group-relative advantages (paper §Method).
+# A-Patch is defined on top of GRPO's group-relative advantages (docs/paper.md §5).
 ADV_ESTIMATORS = ("grpo",)
 
 # Mappings whose keys are free (checked by the SEAL core dataclasses instead).
@@ -373,7 +373,7 @@ def sampling_params(cfg: DictConfig, mode: str = "train", seed: int | None = Non
         return SamplingParams(temperature=float(cfg.rollout.temperature), top_p=float(cfg.rollout.top_p),
                               top_k=int(cfg.rollout.top_k), seed=seed)
     if mode in ("val", "eval"):
-        # Release validation: temperature 0, top_p 1.0, top_k -1 (§5.5).
+        # Release validation: temperature 0, top_p 1.0, top_k -1 (docs/release_behaviour.md §8.1).
         return SamplingParams(temperature=float(cfg.rollout.val_temperature), top_p=1.0, top_k=-1, seed=seed)
     raise ValueError(f"mode must be 'train' or 'val', got {mode!r}")
 

@@ -4,7 +4,7 @@ One helper shared by ``APatchConfig``, ``DynamicWeightConfig``, ``EvolveConfig``
 
 * unknown keys are an error (a typo must not silently fall back to a default);
 * explicit zeros stay zeros — the release parsed its knobs with ``value or default``, which turned an
-  explicit ``0`` into the default (reference §6.4, §10.15). A config that sets
+  explicit ``0`` into the default (docs/release_behaviour.md §12). A config that sets
   ``release_zero_fallback: true`` gets that release behaviour back for the knobs its class lists in
   ``RELEASE_OR_DEFAULT_FIELDS`` (applied in the dataclass's ``__post_init__``).
 """

@@ -27,7 +27,7 @@ import torch
 
 from seal.rollout.types import Rollout
 
-# Release GRPO (reference §5.3 g): unbiased std, eps 1e-6; verl's implementation is the same.
+# Release GRPO (docs/release_behaviour.md §9.2): unbiased std, eps 1e-6; verl's implementation is the same.
 GRPO_EPSILON = 1e-6
 
 

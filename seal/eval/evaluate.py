@@ -46,7 +46,7 @@ from seal.rollout.types import Rollout, RolloutLimits, SamplingParams
 log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-RELEASE_MAX_STEPS = 20  # the release's per-episode step limit (reference §4.3)
+RELEASE_MAX_STEPS = 20  # the release's per-episode step limit (docs/release_behaviour.md §8.2)
 BEST_METRIC = "val/accuracy/average"  # docs/run_directory.md: best.json is chosen on the overall average
 
 # Ground-truth tasks the replay cannot pass under a documented service setting, and why.

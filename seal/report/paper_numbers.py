@@ -1,6 +1,6 @@
 """The paper's reported numbers (arXiv 2605.24426), transcribed once, as typed constants.
 
-Source: ``reference/paper.md`` ("Results to reproduce"). Every value is a success rate in percent, as
+Source: the paper's tables, restated in ``docs/paper.md`` §9. Every value is a success rate in percent, as
 printed in the paper. Table code (``seal.report.tables``) reads these; nothing else should restate them.
 
 Rows are identified by :class:`Row` = (backbone, training). Metric keys are the keys our evaluation

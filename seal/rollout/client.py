@@ -1,4 +1,4 @@
-"""Async HTTP client for the BFCL environment service (wire protocol: ARCHITECTURE.md).
+"""Async HTTP client for the BFCL environment service (wire protocol: docs/protocol.md).
 
 One `EnvClient` serves any number of concurrent episodes over a pooled `httpx.AsyncClient` and can
 spread episodes over several service replicas:

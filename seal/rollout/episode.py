@@ -294,7 +294,8 @@ async def _run_once(client: Any, generate: GenerateFn, codec: ChatCodec, task_id
         out.response_logprobs = logprobs
 
         if len(response) > limits.max_response_length:
-            # Release behaviour (§4.4): keep the head, drop the tail; the reward still grades the episode.
+            # Release behaviour (docs/release_behaviour.md §8.3): keep the head, drop the tail; the reward still
+            # grades the episode.
             n = limits.max_response_length
             del response[n:], mask[n:]
             if out.response_logprobs is not None:

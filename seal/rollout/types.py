@@ -11,8 +11,8 @@ from typing import Any, Literal, Protocol
 class SamplingParams:
     """Per-call sampling settings handed to the `generate` backend.
 
-    temperature / top_p / top_k: release recipe (§4.2): training 1.0 / 1.0 / -1, validation greedy
-        (temperature 0, top_k -1, top_p 1.0).
+    temperature / top_p / top_k: release recipe (docs/release_behaviour.md §8.1): training 1.0 / 1.0 / -1,
+        validation greedy (temperature 0, top_k -1, top_p 1.0).
     max_tokens: tokens this call may produce. The agent loop always fills it in (the per-call limit,
         release `rollout.response_length` = 4096, lowered when the context is nearly full), so a
         backend can trust it.
@@ -49,7 +49,7 @@ class GenerateFn(Protocol):
 
 @dataclass(frozen=True)
 class RolloutLimits:
-    """Length limits of one episode (release values from `reference/seal-release-behaviour.md` §4.3-4.4).
+    """Length limits of one episode (release values from `docs/release_behaviour.md` §8.2–8.3).
 
     max_prompt_length: tokens of the initial prompt (chat template of [system, user] + generation
         prompt). Release `data.max_prompt_length` = 8192; the release crashed the step when exceeded,

@@ -35,7 +35,7 @@ from seal import recipe as C
 AGENT_LOOP_NAME = "seal_bfcl"  # seal.engines.verl.agent_loop.SealBfclAgentLoop
 TRAINER_MODE = "seal"  # seal.engines.verl.trainer.SealTrainer
 ROLLOUT_ENGINE = "vllm"
-# Release (§7.2): the reference policy's parameters are offloaded to CPU.
+# Release (docs/release_behaviour.md §13.1): the reference policy's parameters are offloaded to CPU.
 REF_PARAM_OFFLOAD = True
 # Ours: checkpoints also carry Hugging Face weights (actor/huggingface) so `seal.evaluate` / vLLM can
 # serve any checkpoint directly; verl's default saves FSDP shards only.
