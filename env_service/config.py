@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class StepLimit:
     """When an episode is cut off. The release counts model calls over the whole episode (``max_steps: 20``,
-    reference §4.3); official BFCL allows 20 steps per user turn. Either way a cut-off episode ends (done) and is
-    graded as BFCL grades a force-terminated one."""
+    docs/release_behaviour.md §8.2); official BFCL allows 20 steps per user turn. Either way a cut-off episode ends
+    (done) and is graded as BFCL grades a force-terminated one."""
 
     scope: str = "episode"  # "episode" (release) | "turn" (official BFCL)
     max_steps: int = 20
@@ -29,7 +29,7 @@ class EpisodeConfig:
     # task where this matters is multi_turn_miss_func_49 (its ground truth calls `tail` two turns early).
     strict_availability: bool = True
     # The release's revealed docs carried " Note that the provided function is in Python 3 syntax." because a
-    # BFCL helper mutated them in place (reference §10.3). Off = the bug fixed; on = the release's text.
+    # BFCL helper mutated them in place (docs/release_behaviour.md §4.4). Off = the bug fixed; on = the release's text.
     release_reveal_note: bool = False
 
 

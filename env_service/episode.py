@@ -1,4 +1,4 @@
-"""One episode: the state machine of a BFCL multi-turn task played by a model (reference §2.4–2.6).
+"""One episode: the state machine of a BFCL multi-turn task played by a model (docs/release_behaviour.md §3–4).
 
 * ``create``: system prompt (``bfcl_qwen_fc`` + the train-only interface suffix) and the first user turn.
 * ``step(content)``: the raw assistant text is parsed; a malformed message is rejected as a whole; calls to

@@ -3,10 +3,10 @@
 * Verdict: BFCL's ``multi_turn_checker``, fed the call strings the service built from accepted, validated
   calls, under a fresh unique model name whose global instances are deleted afterwards. A trajectory whose
   number of turns differs from the ground truth's is force-terminated (0), as BFCL's runner decides.
-* Progress tags (release vocabulary, reference §2.11): the trajectory is re-executed turn by turn on fresh
-  instances of our own executor (a fresh namespace: the release reused the official run's mutated instances,
-  §10.1) next to the ground truth, and each turn is checked with BFCL's ``state_checker`` and
-  ``response_checker``. State is cumulative across turns, as in BFCL.
+* Progress tags (release vocabulary, docs/release_behaviour.md §5.2): the trajectory is re-executed turn by turn on
+  fresh instances of our own executor (a fresh namespace: the release reused the official run's mutated
+  instances, docs/release_behaviour.md §5.3) next to the ground truth, and each turn is checked with
+  BFCL's ``state_checker`` and ``response_checker``. State is cumulative across turns, as in BFCL.
 * Paper labels: ``env_service.diagnosis.paper_label`` over the tags and the episode's evidence.
 """
 
@@ -58,7 +58,7 @@ def official_verdict(task: Task, model_turns: list[list[list[str]]]) -> dict[str
 def _turn_tag(
     gt_empty: bool, model_calls: int, model_ex: ToolExecutor, gt_ex: ToolExecutor, all_results, gt_results, t
 ) -> tuple[str, bool | None, bool | None]:
-    """Release order: abstention turns, empty turn, instance set, state, response (reference §2.11)."""
+    """Release order: abstention turns, empty turn, instance set, state, response (docs/release_behaviour.md §5.2)."""
     if gt_empty:
         return (vocab.SPURIOUS_TOOL_CALL if model_calls else vocab.CORRECT_ABSTENTION), None, None
     if model_calls == 0:

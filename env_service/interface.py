@@ -1,4 +1,4 @@
-"""Renderer of the train-only observation interface Ω_t (paper §Method, "Interface evolution").
+"""Renderer of the train-only observation interface Ω_t (docs/paper.md §4).
 
 The trainer decides Ω_t from the capability state and sends it, as JSON, with every training
 episode; its model, rules and limits are ``env_service.protocol.Interface`` (docs/protocol.md)::

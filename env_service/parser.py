@@ -1,7 +1,7 @@
 """Strict Hermes/Qwen ``<tool_call>`` parser: raw assistant text -> tool calls, or one clear error.
 
 The model answers with zero or more blocks ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.
-Strict, all-or-nothing per message (as the release's ``xml_json`` parser, reference §2.5): if any block is
+Strict, all-or-nothing per message (as the release's ``xml_json`` parser, docs/release_behaviour.md §3): if any block is
 malformed, the whole message is rejected with an error for the model and nothing executes. Model text is only
 ever ``json.loads``-ed, never evaluated.
 

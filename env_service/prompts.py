@@ -1,8 +1,9 @@
 """Model-facing text: the ``bfcl_qwen_fc`` system prompt, observations and BFCL's reveal message.
 
-The system prompt is Qwen2.5's tool-calling layout (reference §2.3) with the raw BFCL (Gorilla-format) docs, one
-JSON per line, exactly as the release presents them; tool results go back as ``<tool_response>`` blocks in a
-user message; a held-out function is revealed with BFCL's own additional-function prompt.
+The system prompt is Qwen2.5's tool-calling layout (docs/release_behaviour.md §2.1) with the raw BFCL
+(Gorilla-format) docs, one JSON per line, exactly as the release presents them; tool results go back
+as ``<tool_response>`` blocks in a user message; a held-out function is revealed with BFCL's own
+additional-function prompt.
 """
 
 from __future__ import annotations

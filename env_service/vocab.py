@@ -2,10 +2,10 @@
 
 Two vocabularies describe a turn of a BFCL multi-turn episode:
 
-* ``PROGRESS_TAGS`` — the release's per-turn progress tags (reference §2.11). They come from
+* ``PROGRESS_TAGS`` — the release's per-turn progress tags (docs/release_behaviour.md §5.2). They come from
   re-executing the trajectory turn by turn against the ground truth with BFCL's own
   ``state_checker`` / ``response_checker``.
-* ``PAPER_LABELS`` — the paper's six failure labels plus ``pass`` (paper §Method, "Diagnosis"),
+* ``PAPER_LABELS`` — the paper's six failure labels plus ``pass`` (docs/paper.md §2),
   assigned by the deterministic priority rule in ``env_service/diagnosis.py`` (documented in
   ``docs/diagnosis.md``).
 
@@ -15,7 +15,7 @@ evolution) import them from here.
 
 from __future__ import annotations
 
-# --- release progress tags (reference §2.11), in the release's de-facto priority order --------
+# --- release progress tags (docs/release_behaviour.md §5.2), in the release's de-facto priority order
 PASS = "pass"
 CORRECT_ABSTENTION = "correct_abstention"
 SPURIOUS_TOOL_CALL = "spurious_tool_call"
@@ -44,7 +44,7 @@ EXCLUDED_TAGS: frozenset[str] = frozenset({CHECKER_ERROR, GT_ERROR})
 # Turns that count as succeeded in the progress vocabulary.
 SUCCESS_TAGS: frozenset[str] = frozenset({PASS, CORRECT_ABSTENTION})
 
-# --- paper labels (paper §Method, priority 1 = highest) -----------------------------------------
+# --- paper labels (docs/paper.md §2, priority 1 = highest) ------------------------------------------
 INVALID_TOOL_CALL = "invalid_tool_call"
 ARGUMENT_MISMATCH = "argument_mismatch"
 RECOVERY_FAILURE = "recovery_failure"
@@ -65,7 +65,7 @@ VOCABULARIES: dict[str, tuple[str, ...]] = {
     "paper": PAPER_LABELS,
 }
 
-# --- step-level error types reported in ``step`` replies (ARCHITECTURE wire protocol) ----------
+# --- step-level error types reported in ``step`` replies (docs/protocol.md) -------------------
 PARSE_ERROR = "parse_error"
 UNAVAILABLE_TOOL = "unavailable_tool"
 TOOL_ERROR = "tool_error"

@@ -1,8 +1,8 @@
 """Build data/bfcl_train.parquet, data/bfcl_eval_400.parquet and data/bfcl_split.json.
 
-Sources: the ``bfcl-eval`` package data (tasks, ground truth) and the authors' split ids
-(``../shared/data/bfcl_split_ids.json`` when present, else the committed ``data/bfcl_split.json``, which
-holds the same ids in the same order). The output is deterministic: a rebuild is byte-identical.
+Sources: the ``bfcl-eval`` package data (tasks, ground truth; docs/dependencies.md §1.3) and the authors'
+split, which is the committed ``data/bfcl_split.json`` (the ids of the released parquets, in their order;
+docs/release_behaviour.md §14). The output is deterministic: a rebuild is byte-identical.
 
     python scripts/prepare_data.py [--split-ids PATH] [--out data]
 """
@@ -21,7 +21,6 @@ REPO = Path(__file__).resolve().parent.parent
 from env_service.tasks import load_tasks  # noqa: E402
 from env_service.vocab import CATEGORIES, category_of  # noqa: E402
 
-SHARED_SPLIT = REPO.parent / "shared" / "data" / "bfcl_split_ids.json"
 COMMITTED_SPLIT = REPO / "data" / "bfcl_split.json"
 OUTPUTS = {"train": "bfcl_train.parquet", "eval": "bfcl_eval_400.parquet"}
 
@@ -112,8 +111,7 @@ def build(split_source: Path, out_dir: Path) -> dict[str, Path]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    default = SHARED_SPLIT if SHARED_SPLIT.exists() else COMMITTED_SPLIT
-    parser.add_argument("--split-ids", type=Path, default=default)
+    parser.add_argument("--split-ids", type=Path, default=COMMITTED_SPLIT)
     parser.add_argument("--out", type=Path, default=REPO / "data")
     args = parser.parse_args()
     for name, path in build(args.split_ids, args.out).items():

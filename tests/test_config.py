@@ -57,7 +57,7 @@ def test_every_recipe_composes_and_builds_its_configs(recipe):
 
 
 def test_seal_recipe_has_paper_table4_values():
-    # Paper Table 4 / reference/paper.md "Training config".
+    # Paper Table 4 (docs/paper.md §7.3).
     cfg = load("SEAL")
     f = flat(cfg)
     expected = {

@@ -1,4 +1,4 @@
-"""A-Patch: diagnosis-guided advantage reweighting (paper §Method, "Advantage reweighting").
+"""A-Patch: diagnosis-guided advantage reweighting (docs/paper.md §5).
 
 For trajectory j with per-turn tags z_1..z_T (``checker_error`` / ``gt_error`` dropped),
 

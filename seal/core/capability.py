@@ -1,7 +1,7 @@
 """Capability state: turn-weighted failure statistics of the policy and the dynamic tag weights.
 
-Reference §6.3 describes the release's ``TOCFCapabilityState``; this is a re-implementation of its
-behaviour with the persistence fixed (§10.16):
+docs/release_behaviour.md §10 describes the release's ``TOCFCapabilityState``; this is a re-implementation of its
+behaviour with the persistence fixed (docs/release_behaviour.md §10.4):
 
 * Statistics, each kept for the whole run (``total``) and for the current window (``window``, reset by
   the trainer at epoch end with ``reset_window()``), in five buckets:
@@ -54,7 +54,7 @@ class RunMismatchError(ValueError):
 
 @dataclass(frozen=True)
 class DynamicWeightConfig:
-    """Dynamic tag-weight knobs (reference §6.4 ``dynamic``). Source of each default in brackets."""
+    """Dynamic tag-weight knobs (docs/release_behaviour.md §10.2). Source of each default in brackets."""
 
     enable: bool = knob(True, source="release",
                         help="dynamic tag weights from C_t (release dynamic.enable); false = the static rho table")

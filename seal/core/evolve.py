@@ -1,4 +1,4 @@
-"""Interface evolution: Ω_{t+1} = Evolve(Ω_t, C_t) (paper §Method, "Interface evolution").
+"""Interface evolution: Ω_{t+1} = Evolve(Ω_t, C_t) (docs/paper.md §4).
 
 The trainer calls ``evolve`` once per training step, after the capability state has observed the
 step's rollouts, and sends the result with the next *training* episodes. Evaluation episodes never
@@ -11,11 +11,11 @@ An interface is the JSON of the protocol's Ω model (``env_service.protocol.Inte
      "error_feedback": bool,
      "cues": [{"tag": str, "text": str}]}
 
-* φ_schema — static switches from the config (release SEAL: required + enum hints on, reference §2.8).
+* φ_schema — static switches from the config (release SEAL: required + enum hints on, docs/release_behaviour.md §6.1).
 * φ_err — ``off``, ``on``, or ``adaptive``: on while the tags that error feedback can help with
   (``ERROR_FEEDBACK_TAGS``) are prevalent in C_t.
 * φ_cap — up to ``max_cues`` cue lines for the tags under the most pressure (prevalence ·
-  (1 − reward_mean)), subject to the release's thresholds (reference §2.10).
+  (1 − reward_mean)), subject to the release's thresholds (docs/release_behaviour.md §6.3).
 
 Both adaptive parts use hysteresis so the interface does not flap from step to step: a cue (or
 error feedback) *enters* when the thresholds are met and *stays* until the profile falls clearly

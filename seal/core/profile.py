@@ -8,12 +8,12 @@
 so "prevalence", "reward mean" and "pressure" have a single definition:
 
 * counts are turn-weighted: every turn-tag occurrence counts once, carrying its trajectory's reward
-  and success (reference §6.3);
+  and success (docs/release_behaviour.md §10.1);
 * ``prevalence(tag) = count(tag) / total``, where ``total`` counts every occurrence except the
   excluded harness tags (``checker_error``, ``gt_error``) — ``pass``, ``correct_abstention`` and
   ``unknown`` are in the denominator (release behaviour);
 * ``reward_mean(tag)`` = mean reward over the tag's occurrences;
-* ``pressure(tag) = prevalence · (1 − reward_mean)`` (release diagnostic_evolution, reference §2.10).
+* ``pressure(tag) = prevalence · (1 − reward_mean)`` (release diagnostic_evolution, docs/release_behaviour.md §6.3).
 
 Per category the same quantities are computed within the category (denominator: that category's
 non-excluded occurrences).
@@ -130,7 +130,8 @@ def tag_profiles(stats: Mapping[str, BucketStat]) -> tuple[dict[str, TagProfile]
 
 def failure_profile(state: BucketSource, source: str = "window") -> FailureProfile:
     """C_t from ``state``. ``source="window"`` uses the current window and falls back to the run totals
-    when the window holds no tag yet (release behaviour, reference §6.3); ``"total"`` uses the totals."""
+    when the window holds no tag yet (release behaviour, docs/release_behaviour.md §10.2); ``"total"`` uses the
+    totals."""
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
     window = source == "window" and bool(state.bucket("tags", window=True))

@@ -1,4 +1,4 @@
-"""Trajectory reward from the env service's ``evaluate`` reply (reference §3).
+"""Trajectory reward from the env service's ``evaluate`` reply (docs/release_behaviour.md §7).
 
 * ``binary`` (default; the paper): the official 0/1 BFCL verdict, unchanged.
 * ``capped``: partial credit for failed trajectories, ``min(cap, weight · progress)``, where

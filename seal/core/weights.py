@@ -3,8 +3,8 @@
 A weight above 1 amplifies the GRPO advantage of trajectories whose turns carry that tag, a weight
 below 1 damps it (A-Patch clips the trajectory mean to [0.5, 2.0], so the sign never flips).
 
-* ``progress`` — the release's progress tags; the table is the paper's (paper §Method, "Utility
-  weights rho used in the experiments"), identical to the release's A-Patch defaults (reference §6.4).
+* ``progress`` — the release's progress tags; the table is the paper's (docs/paper.md §5),
+  identical to the release's A-Patch defaults (docs/release_behaviour.md §11.1).
 * ``paper`` — the paper's six labels plus ``pass``. The paper gives no weights for them; this table
   is ours, built by analogy with the progress table (rationale in ``docs/seal_core.md``).
 
@@ -19,10 +19,10 @@ from env_service import vocab
 
 DEFAULT_WEIGHT = 1.0
 
-# Tag used by the capability state for a trajectory that arrived without any tag (reference §6.3).
+# Tag used by the capability state for a trajectory that arrived without any tag (docs/release_behaviour.md §10.1).
 UNKNOWN_TAG = "unknown"
 
-# Paper §Method / release A-Patch defaults (reference §6.4).
+# docs/paper.md §5 / release A-Patch defaults (docs/release_behaviour.md §11.1).
 PROGRESS_WEIGHTS: dict[str, float] = {
     vocab.SPURIOUS_TOOL_CALL: 2.0,
     vocab.CORRECT_ABSTENTION: 1.8,

@@ -30,7 +30,7 @@ LOGGERS = ("console", "jsonl", "wandb")
 # verl.trainer.ppo.core_algos.kl_penalty / agg_loss accept these.
 KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-# A-Patch is defined on top of GRPO's group-relative advantages (paper §Method).
+# A-Patch is defined on top of GRPO's group-relative advantages (docs/paper.md §5).
 ADV_ESTIMATORS = ("grpo",)
 
 

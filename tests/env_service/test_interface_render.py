@@ -432,7 +432,7 @@ def test_required_marker_only_on_required_parameters() -> None:
             assert has == (name in required), (doc["name"], name)
             marked += has
             unmarked += not has
-    assert (marked, unmarked) == (163, 22)  # reference §2.8: 163 of 185 parameters are required
+    assert (marked, unmarked) == (163, 22)  # docs/release_behaviour.md §6.1: 163 of 185 parameters are required
 
 
 def test_type_hint_includes_array_item_type() -> None:
@@ -566,7 +566,7 @@ def test_schema_instruction() -> None:
     only_required = schema_instruction({"required": True})
     assert only_required is not None and "(type:" not in only_required and "accepted values" not in only_required
     assert schema_instruction({"hide_optional": True}) is not None
-    # Our own words, not the release's instruction line (reference §2.3).
+    # Our own words, not the release's instruction line (docs/release_behaviour.md §2.2).
     assert "Observation note" not in line
 
 
