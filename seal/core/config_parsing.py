@@ -59,14 +59,22 @@ def knob(default: Any = dataclasses.MISSING, *, source: str, help: str, factory:
     return dataclasses.field(default=default, metadata=metadata)
 
 
-def _range_text(meta: Mapping[str, Any]) -> str:
+def range_bounds(meta: Mapping[str, Any]) -> str:
+    """A knob's range as text: `[a, b]`, `(a, b]`, `>= a`, `> a`, `<= b`, or "" when it has none."""
     low = f"({meta['gt']}" if "gt" in meta else f"[{meta['ge']}" if "ge" in meta else None
     high = f"{meta['le']}]" if "le" in meta else None
     if low and high:
-        return f"must lie in {low}, {high}"
+        return f"{low}, {high}"
     if low:
-        return f"must be {'>' if 'gt' in meta else '>='} {low[1:]}"
-    return f"must be <= {high[:-1]}" if high else ""
+        return f"{'>' if 'gt' in meta else '>='} {low[1:]}"
+    return f"<= {high[:-1]}" if high else ""
+
+
+def _range_text(meta: Mapping[str, Any]) -> str:
+    bounds = range_bounds(meta)
+    if not bounds:
+        return ""
+    return f"must lie in {bounds}" if "," in bounds else f"must be {bounds}"
 
 
 def _in_range(value: Any, meta: Mapping[str, Any]) -> bool:

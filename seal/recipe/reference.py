@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from seal.core.config_parsing import range_bounds
 from seal.recipe.compose import EXP_DIR, REPO_ROOT
 from seal.recipe.schema import Recipe
 
@@ -54,13 +55,7 @@ def _type_name(hint: Any) -> str:
 def _constraint(meta: typing.Mapping[str, Any]) -> str:
     if "choices" in meta:
         return "one of " + ", ".join(str(c) for c in meta["choices"])
-    low = f"({meta['gt']}" if "gt" in meta else f"[{meta['ge']}" if "ge" in meta else None
-    high = f"{meta['le']}]" if "le" in meta else None
-    if low and high:
-        return f"{low}, {high}"
-    if low:
-        return f"{'>' if 'gt' in meta else '>='} {low[1:]}"
-    return f"<= {high[:-1]}" if high else ""
+    return range_bounds(meta)
 
 
 def knobs(cls: type = Recipe, prefix: str = "") -> Iterator[Knob]:
