@@ -114,7 +114,7 @@ def setup(cfg: C.Recipe, run_dir: str | os.PathLike[str], generate_factory: Gene
     hf_logging.disable_progress_bar()  # per-save/load shard bars would drown the step bars
     run = RunDir(run_dir)
     run.root.mkdir(parents=True, exist_ok=True)
-    seed = int(cfg.seed)
+    seed = cfg.seed
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
@@ -136,16 +136,16 @@ def setup(cfg: C.Recipe, run_dir: str | os.PathLike[str], generate_factory: Gene
     if cfg.actor.use_kl_loss:
         ref_model = AutoModelForCausalLM.from_pretrained(str(base_path), dtype=torch.float32).to(device)
         ref_model.eval().requires_grad_(False)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=float(cfg.actor.lr),
-                                  weight_decay=float(cfg.actor.weight_decay))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.actor.lr,
+                                  weight_decay=cfg.actor.weight_decay)
     controller = SealController(cfg.seal)
     start_step, best = 0, None
     if resume_from is not None:
         start_step, best = restore_checkpoint(resume_from, optimizer, controller,
-                                              force=str(cfg.trainer.resume) not in ("auto", "disable"))
+                                              force=cfg.trainer.resume not in ("auto", "disable"))
 
     logger = MetricsLogger(run.root, list(cfg.trainer.logger), resume_step=start_step if resume_from else None,
-                           wandb_project=str(cfg.trainer.wandb_project), experiment_name=str(cfg.experiment_name),
+                           wandb_project=cfg.trainer.wandb_project, experiment_name=cfg.experiment_name,
                            config=C.to_container(cfg))
     generate = (generate_factory or (lambda m, t, d: HFGenerator(m, t, d, autocast_dtype)))(model, tokenizer, device)
     pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
@@ -186,7 +186,7 @@ def training_step(run: LocalRun, step: int) -> dict[str, float]:
     if kept:
         t0 = time.perf_counter()
         data = rollouts_to_dataproto(kept, run.pad_id, uids=group_uids(kept, step))
-        compute_grpo_advantages(data, bool(cfg.algorithm.norm_adv_by_std_in_grpo))
+        compute_grpo_advantages(data, cfg.algorithm.norm_adv_by_std_in_grpo)
         metrics |= controller.reweight(data, step)
         metrics["train/advantage_abs_mean"] = advantage_abs_mean(data)
         metrics |= ppo_update(run.model, run.ref_model, run.optimizer, data, cfg, run.device, run.autocast_dtype)
@@ -202,7 +202,7 @@ def training_step(run: LocalRun, step: int) -> dict[str, float]:
     # 5. Validation every test_freq steps and at the last one; a checkpoint every save_freq steps, at the
     #    last one and on a new best.
     last = step == run.total_steps
-    test_freq, save_freq = int(cfg.trainer.test_freq), int(cfg.trainer.save_freq)
+    test_freq, save_freq = cfg.trainer.test_freq, cfg.trainer.save_freq
     improved = False
     if test_freq > 0 and (step % test_freq == 0 or last):
         val = validate(run, step)
@@ -228,8 +228,8 @@ def step_tasks(tasks: Sequence[Task], step: int, cfg: C.Recipe) -> tuple[int, in
     """(epoch, batch index, tasks) of global step `step` (1-based); full batches only (drop_last)."""
     spe = C.steps_per_epoch(cfg, len(tasks))
     epoch, index = divmod(step - 1, spe)
-    order = epoch_order(len(tasks), epoch, int(cfg.seed), bool(cfg.data.shuffle))
-    size = int(cfg.data.train_batch_size)
+    order = epoch_order(len(tasks), epoch, cfg.seed, cfg.data.shuffle)
+    size = cfg.data.train_batch_size
     return epoch, index, [tasks[i] for i in order[index * size:(index + 1) * size]]
 
 
@@ -242,9 +242,9 @@ def training_requests(cfg: C.Recipe, tasks: Sequence[Task], omega: dict | None, 
     """Each task `rollout.n` times (consecutive rows: one GRPO group), each episode seeded by its index."""
     reqs: list[EpisodeRequest] = []
     for t in tasks:
-        for _ in range(int(cfg.rollout.n)):
+        for _ in range(cfg.rollout.n):
             reqs.append(EpisodeRequest(t.task_id, "train", omega,
-                                       replace(params, seed=episode_seed(int(cfg.seed), step, len(reqs)))))
+                                       replace(params, seed=episode_seed(cfg.seed, step, len(reqs)))))
     return reqs
 
 
@@ -258,11 +258,11 @@ async def _play(cfg: C.Recipe, generate: GenerateFn, tokenizer: Any, requests: l
                 params: SamplingParams, reward_fn: Callable[[dict], float], desc: str) -> list[Rollout]:
     bar = progress(len(requests), desc)
     try:
-        async with EnvClient(list(cfg.env.urls), timeout=float(cfg.env.timeout_s),
-                             max_retries=int(cfg.env.max_retries)) as client:
+        async with EnvClient(list(cfg.env.urls), timeout=cfg.env.timeout_s,
+                             max_retries=cfg.env.max_retries) as client:
             return await run_batch(client, generate, tokenizer, requests, params, C.rollout_limits(cfg),
-                                   concurrency=int(cfg.rollout.concurrency), reward_fn=reward_fn,
-                                   max_restarts=int(cfg.env.max_restarts), on_done=lambda i, r: bar.update(1))
+                                   concurrency=cfg.rollout.concurrency, reward_fn=reward_fn,
+                                   max_restarts=cfg.env.max_restarts, on_done=lambda i, r: bar.update(1))
     finally:
         bar.close()
 
@@ -298,7 +298,7 @@ def validate(run: LocalRun, step: int) -> dict[str, float]:
     cfg = run.cfg
     params = C.sampling_params(cfg, "val")
     reqs = [EpisodeRequest(t.task_id, "eval", None, replace(params, seed=episode_seed(cfg.seed, -1 - step, i)))
-            for i, t in enumerate(t for t in run.val_tasks for _ in range(int(cfg.rollout.val_n)))]
+            for i, t in enumerate(t for t in run.val_tasks for _ in range(cfg.rollout.val_n))]
     t0 = time.perf_counter()
     rollouts = play(run, reqs, params, _accuracy_reward, f"validation@{step}")
     metrics = SealController.validation_metrics(rollouts)
@@ -317,7 +317,7 @@ def validate(run: LocalRun, step: int) -> dict[str, float]:
 
 def note_validation(run: LocalRun, step: int, metrics: dict[str, float]) -> bool:
     """Record a new best (`seal.run_dir.improves` on `trainer.best_metric`); True when this step is it."""
-    key = str(run.cfg.trainer.best_metric)
+    key = run.cfg.trainer.best_metric
     value = metrics.get(key)
     if not improves(value, None if run.best is None else run.best["value"]):
         return False
@@ -367,7 +367,7 @@ def save_checkpoint(run: RunDir, step: int, model: Any, tokenizer: Any, optimize
 
 def resume_point(cfg: C.Recipe, run: RunDir) -> Path | None:
     """The checkpoint to resume from: `trainer.resume` auto (latest.json), disable, or a directory."""
-    mode = str(cfg.trainer.resume)
+    mode = cfg.trainer.resume
     if mode == "disable":
         return None
     if mode == "auto":
@@ -406,16 +406,16 @@ def _dtypes(cfg: C.Recipe, device: torch.device) -> torch.dtype | None:
 
 def prepare_model_path(cfg: C.Recipe) -> Path:
     """The model directory; builds the tiny random Qwen2 there first when `model.build_tiny` is on."""
-    path = Path(str(cfg.model.path))
+    path = Path(cfg.model.path)
     if cfg.model.build_tiny:
         if not (path / "config.json").is_file():
             from seal.tiny_model import build_tiny_qwen2
 
             log.info("building a tiny random Qwen2 at %s", path)
-            build_tiny_qwen2(path, hidden=int(cfg.model.tiny.hidden), layers=int(cfg.model.tiny.layers),
-                             seed=int(cfg.model.tiny.seed))
+            build_tiny_qwen2(path, hidden=cfg.model.tiny.hidden, layers=cfg.model.tiny.layers,
+                             seed=cfg.model.tiny.seed)
         return path
-    return path if path.exists() else Path(str(cfg.model.path))  # a hub id: transformers resolves it
+    return path if path.exists() else Path(cfg.model.path)  # a hub id: transformers resolves it
 
 
 # --------------------------------------------------------------------------- log-probs and the update
@@ -497,8 +497,8 @@ def ppo_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Optimiz
     from verl.trainer.ppo.core_algos import agg_loss, compute_policy_loss_vanilla, kl_penalty
 
     actor = cfg.actor
-    temperature = float(cfg.rollout.temperature) or 1.0
-    micro = int(actor.ppo_micro_batch_size_per_gpu)
+    temperature = cfg.rollout.temperature or 1.0
+    micro = actor.ppo_micro_batch_size_per_gpu
     model.eval()
     old_logp = batch_logprobs(model, data, micro, device, temperature, autocast_dtype)
     ref_logp = None
@@ -508,7 +508,7 @@ def ppo_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Optimiz
     advantages = data.batch["advantages"]
     mask = data.batch["response_mask"].float()
     bsz = advantages.shape[0]
-    num_mini = max(1, min(bsz, int(cfg.data.train_batch_size) // int(actor.ppo_mini_batch_size)))
+    num_mini = max(1, min(bsz, cfg.data.train_batch_size // actor.ppo_mini_batch_size))
     minis = [m.tolist() for m in np.array_split(np.arange(bsz), num_mini)]
     params = [p for p in model.parameters() if p.requires_grad]
     acc: dict[str, list[float]] = {}
@@ -516,21 +516,21 @@ def ppo_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Optimiz
     def add(key: str, value: float) -> None:
         acc.setdefault(key, []).append(float(value))
 
-    mode = str(actor.loss_agg_mode)
-    for _ in range(int(actor.ppo_epochs)):
+    mode = actor.loss_agg_mode
+    for _ in range(actor.ppo_epochs):
         for mini in minis:
             optimizer.zero_grad(set_to_none=True)
             info = {"dp_size": 1, "batch_num_tokens": mask[mini].sum().clamp(min=1.0),
                     "global_batch_size": max(1, int((mask[mini].sum(-1) > 0).sum()))}
-            loss_cfg = _LossConfig(float(actor.clip_ratio_low), float(actor.clip_ratio_high),
-                                   float(actor.clip_ratio_c), info)
+            loss_cfg = _LossConfig(actor.clip_ratio_low, actor.clip_ratio_high,
+                                   actor.clip_ratio_c, info)
             totals = Counter()
             for start in range(0, len(mini), micro):
                 rows = mini[start:start + micro]
                 ids, attn, pos, lr, _ = _trimmed(data, rows)
                 with _autocast(device, autocast_dtype):
                     logp, entropy = response_logprobs(model, ids.to(device), attn.to(device), pos.to(device), lr,
-                                                      temperature, with_entropy=float(actor.entropy_coeff) != 0.0)
+                                                      temperature, with_entropy=actor.entropy_coeff != 0.0)
                 m = mask[rows, :lr].to(device)
                 pg_loss, pg_metrics = compute_policy_loss_vanilla(
                     old_log_prob=old_logp[rows, :lr].to(device), log_prob=logp,
@@ -542,15 +542,15 @@ def ppo_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Optimiz
                     totals[k] += float(v) * len(rows) / len(mini)
                 if entropy is not None:
                     ent = agg_loss(loss_mat=entropy, loss_mask=m, loss_agg_mode=mode, **info)
-                    loss = loss - float(actor.entropy_coeff) * ent
+                    loss = loss - actor.entropy_coeff * ent
                     totals["entropy"] += float(ent.detach())
                 if ref_logp is not None:
-                    kld = kl_penalty(logp, ref_logp[rows, :lr].to(device), str(actor.kl_loss_type))
+                    kld = kl_penalty(logp, ref_logp[rows, :lr].to(device), actor.kl_loss_type)
                     kl_loss = agg_loss(loss_mat=kld, loss_mask=m, loss_agg_mode=mode, **info)
-                    loss = loss + float(actor.kl_loss_coef) * kl_loss
+                    loss = loss + actor.kl_loss_coef * kl_loss
                     totals["kl_loss"] += float(kl_loss.detach())
                 loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, float(actor.grad_clip) if actor.grad_clip else math.inf)
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, actor.grad_clip if actor.grad_clip else math.inf)
             if torch.isfinite(grad_norm):
                 optimizer.step()
             else:  # verl skips the step on a non-finite gradient norm
@@ -563,6 +563,6 @@ def ppo_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Optimiz
     metrics = {k: sum(v) / len(v) for k, v in acc.items()}
     metrics["actor/lr"] = float(optimizer.param_groups[0]["lr"])
     if ref_logp is not None:
-        metrics["actor/kl_coef"] = float(actor.kl_loss_coef)
-    metrics["actor/num_mini_batches"] = float(len(minis) * int(actor.ppo_epochs))
+        metrics["actor/kl_coef"] = actor.kl_loss_coef
+    metrics["actor/num_mini_batches"] = float(len(minis) * actor.ppo_epochs)
     return metrics

@@ -104,74 +104,74 @@ def resume_settings(resume: str) -> dict[str, Any]:
 def recipe_overrides(cfg: C.Recipe, run_dir: Path) -> dict[str, Any]:
     """The verl keys our recipe sets, as {dotted verl key: value}."""
     a, r, d, t, alg = cfg.actor, cfg.rollout, cfg.data, cfg.trainer, cfg.algorithm
-    micro = int(a.ppo_micro_batch_size_per_gpu)
+    micro = a.ppo_micro_batch_size_per_gpu
     loggers = [VERL_LOGGERS[name] for name in t.logger if name in VERL_LOGGERS]
     out: dict[str, Any] = {
         # model
-        "actor_rollout_ref.model.path": str(cfg.model.path),
-        "actor_rollout_ref.actor.fsdp_config.dtype": str(cfg.model.dtype),
-        "actor_rollout_ref.ref.fsdp_config.dtype": str(cfg.model.dtype),
+        "actor_rollout_ref.model.path": cfg.model.path,
+        "actor_rollout_ref.actor.fsdp_config.dtype": cfg.model.dtype,
+        "actor_rollout_ref.ref.fsdp_config.dtype": cfg.model.dtype,
         "actor_rollout_ref.ref.fsdp_config.param_offload": REF_PARAM_OFFLOAD,
         # data: the parquet rows carry agent_name=seal_bfcl and extra_info.task_id; the env service
         # renders the real prompt, so verl's own prompt filtering/truncation is not used.
-        "data.train_files": _data_path(str(d.train_files)),
-        "data.val_files": _data_path(str(d.val_files)),
-        "data.train_batch_size": int(d.train_batch_size),
-        "data.max_prompt_length": int(d.max_prompt_length),
-        "data.max_response_length": int(d.max_response_length),
-        "data.shuffle": bool(d.shuffle),
-        "data.seed": int(cfg.seed),
+        "data.train_files": _data_path(d.train_files),
+        "data.val_files": _data_path(d.val_files),
+        "data.train_batch_size": d.train_batch_size,
+        "data.max_prompt_length": d.max_prompt_length,
+        "data.max_response_length": d.max_response_length,
+        "data.shuffle": d.shuffle,
+        "data.seed": cfg.seed,
         "data.return_raw_chat": True,
         "data.filter_overlong_prompts": False,
         "data.val_batch_size": None,  # release: the 400 validation tasks in one batch
         # rollout (vLLM, async server + our agent loop)
         "actor_rollout_ref.rollout.name": ROLLOUT_ENGINE,
         "actor_rollout_ref.rollout.mode": "async",
-        "actor_rollout_ref.rollout.n": int(r.n),
-        "actor_rollout_ref.rollout.temperature": float(r.temperature),
-        "actor_rollout_ref.rollout.top_p": float(r.top_p),
-        "actor_rollout_ref.rollout.top_k": int(r.top_k),
-        "actor_rollout_ref.rollout.prompt_length": int(d.max_prompt_length),
-        "actor_rollout_ref.rollout.response_length": int(d.max_response_length),
-        "actor_rollout_ref.rollout.max_model_len": int(r.max_model_len),
-        "actor_rollout_ref.rollout.gpu_memory_utilization": float(r.gpu_memory_utilization),
-        "actor_rollout_ref.rollout.tensor_model_parallel_size": int(r.tensor_parallel_size),
-        "actor_rollout_ref.rollout.dtype": str(cfg.model.dtype),
+        "actor_rollout_ref.rollout.n": r.n,
+        "actor_rollout_ref.rollout.temperature": r.temperature,
+        "actor_rollout_ref.rollout.top_p": r.top_p,
+        "actor_rollout_ref.rollout.top_k": r.top_k,
+        "actor_rollout_ref.rollout.prompt_length": d.max_prompt_length,
+        "actor_rollout_ref.rollout.response_length": d.max_response_length,
+        "actor_rollout_ref.rollout.max_model_len": r.max_model_len,
+        "actor_rollout_ref.rollout.gpu_memory_utilization": r.gpu_memory_utilization,
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": r.tensor_parallel_size,
+        "actor_rollout_ref.rollout.dtype": cfg.model.dtype,
         "actor_rollout_ref.rollout.calculate_log_probs": True,
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": micro,
-        "actor_rollout_ref.rollout.val_kwargs.temperature": float(r.val_temperature),
+        "actor_rollout_ref.rollout.val_kwargs.temperature": r.val_temperature,
         "actor_rollout_ref.rollout.val_kwargs.top_p": 1.0,
         "actor_rollout_ref.rollout.val_kwargs.top_k": -1,
-        "actor_rollout_ref.rollout.val_kwargs.n": int(r.val_n),
-        "actor_rollout_ref.rollout.val_kwargs.do_sample": float(r.val_temperature) > 0,
+        "actor_rollout_ref.rollout.val_kwargs.n": r.val_n,
+        "actor_rollout_ref.rollout.val_kwargs.do_sample": r.val_temperature > 0,
         "actor_rollout_ref.rollout.agent.default_agent_loop": AGENT_LOOP_NAME,
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": micro,
         # actor: dual-clip PPO loss, KL loss, token-mean
-        "actor_rollout_ref.actor.optim.lr": float(a.lr),
-        "actor_rollout_ref.actor.optim.weight_decay": float(a.weight_decay),
-        "actor_rollout_ref.actor.optim.clip_grad": float(a.grad_clip),  # read by the v1 FSDP engine
-        "actor_rollout_ref.actor.grad_clip": float(a.grad_clip),  # legacy key, kept consistent
-        "actor_rollout_ref.actor.clip_ratio": float(a.clip_ratio_low),
-        "actor_rollout_ref.actor.clip_ratio_low": float(a.clip_ratio_low),
-        "actor_rollout_ref.actor.clip_ratio_high": float(a.clip_ratio_high),
-        "actor_rollout_ref.actor.clip_ratio_c": float(a.clip_ratio_c),
+        "actor_rollout_ref.actor.optim.lr": a.lr,
+        "actor_rollout_ref.actor.optim.weight_decay": a.weight_decay,
+        "actor_rollout_ref.actor.optim.clip_grad": a.grad_clip,  # read by the v1 FSDP engine
+        "actor_rollout_ref.actor.grad_clip": a.grad_clip,  # legacy key, kept consistent
+        "actor_rollout_ref.actor.clip_ratio": a.clip_ratio_low,
+        "actor_rollout_ref.actor.clip_ratio_low": a.clip_ratio_low,
+        "actor_rollout_ref.actor.clip_ratio_high": a.clip_ratio_high,
+        "actor_rollout_ref.actor.clip_ratio_c": a.clip_ratio_c,
         "actor_rollout_ref.actor.policy_loss.loss_mode": "vanilla",
-        "actor_rollout_ref.actor.use_kl_loss": bool(a.use_kl_loss),
-        "actor_rollout_ref.actor.kl_loss_coef": float(a.kl_loss_coef),
-        "actor_rollout_ref.actor.kl_loss_type": str(a.kl_loss_type),
-        "actor_rollout_ref.actor.entropy_coeff": float(a.entropy_coeff),
-        "actor_rollout_ref.actor.loss_agg_mode": str(a.loss_agg_mode),
-        "actor_rollout_ref.actor.ppo_mini_batch_size": int(a.ppo_mini_batch_size),
+        "actor_rollout_ref.actor.use_kl_loss": a.use_kl_loss,
+        "actor_rollout_ref.actor.kl_loss_coef": a.kl_loss_coef,
+        "actor_rollout_ref.actor.kl_loss_type": a.kl_loss_type,
+        "actor_rollout_ref.actor.entropy_coeff": a.entropy_coeff,
+        "actor_rollout_ref.actor.loss_agg_mode": a.loss_agg_mode,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": a.ppo_mini_batch_size,
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": micro,
-        "actor_rollout_ref.actor.ppo_epochs": int(a.ppo_epochs),
+        "actor_rollout_ref.actor.ppo_epochs": a.ppo_epochs,
         # R: ppo / log-prob max token length 16384 = the context window.
-        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": int(r.max_model_len),
-        "actor_rollout_ref.actor.data_loader_seed": int(cfg.seed),
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": r.max_model_len,
+        "actor_rollout_ref.actor.data_loader_seed": cfg.seed,
         "actor_rollout_ref.actor.checkpoint.save_contents": list(CHECKPOINT_CONTENTS),
         # algorithm
-        "algorithm.adv_estimator": str(alg.adv_estimator),
-        "algorithm.norm_adv_by_std_in_grpo": bool(alg.norm_adv_by_std_in_grpo),
-        "algorithm.use_kl_in_reward": bool(alg.use_kl_in_reward),
+        "algorithm.adv_estimator": alg.adv_estimator,
+        "algorithm.norm_adv_by_std_in_grpo": alg.norm_adv_by_std_in_grpo,
+        "algorithm.use_kl_in_reward": alg.use_kl_in_reward,
         "algorithm.gamma": 1.0,
         "algorithm.lam": 1.0,
         "critic.enable": False,
@@ -179,24 +179,24 @@ def recipe_overrides(cfg: C.Recipe, run_dir: Path) -> dict[str, Any]:
         # verl's reward workers stay idle; one is enough.
         "reward.num_workers": 1,
         # trainer
-        "trainer.total_epochs": int(t.total_epochs),
+        "trainer.total_epochs": t.total_epochs,
         "trainer.total_training_steps": (None if t.total_training_steps is None else int(t.total_training_steps)),
-        "trainer.test_freq": int(t.test_freq) if int(t.test_freq) > 0 else -1,
-        "trainer.val_before_train": bool(t.val_before_train),
+        "trainer.test_freq": t.test_freq if t.test_freq > 0 else -1,
+        "trainer.val_before_train": t.val_before_train,
         # verl saves when save_freq > 0; with 0 our trainer still saves the last step (docs/config.md).
-        "trainer.save_freq": int(t.save_freq) if int(t.save_freq) > 0 else -1,
-        "trainer.n_gpus_per_node": int(t.n_gpus_per_node),
-        "trainer.nnodes": int(t.nnodes),
+        "trainer.save_freq": t.save_freq if t.save_freq > 0 else -1,
+        "trainer.n_gpus_per_node": t.n_gpus_per_node,
+        "trainer.nnodes": t.nnodes,
         "trainer.logger": loggers,
-        "trainer.project_name": str(t.wandb_project),
-        "trainer.experiment_name": str(cfg.experiment_name),
+        "trainer.project_name": t.wandb_project,
+        "trainer.experiment_name": cfg.experiment_name,
         "trainer.default_local_dir": str(RunDir(run_dir).checkpoints.root),
         "trainer.device": "cuda",
         "trainer.use_v1": True,
         "trainer.v1.trainer_mode": TRAINER_MODE,
         "trainer.log_val_generations": 0,
     }
-    out.update(resume_settings(str(t.resume)))
+    out.update(resume_settings(t.resume))
     return out
 
 

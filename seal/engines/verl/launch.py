@@ -52,8 +52,8 @@ def check_gpus(cfg: C.Recipe) -> int:
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if count == 0:
         raise EngineUnavailable(f"no CUDA device visible: {CPU_HINT}")
-    need = int(cfg.trainer.n_gpus_per_node)
-    if int(cfg.trainer.nnodes) == 1 and count < need:
+    need = cfg.trainer.n_gpus_per_node
+    if cfg.trainer.nnodes == 1 and count < need:
         raise EngineUnavailable(f"trainer.n_gpus_per_node={need} but only {count} CUDA devices are visible "
                                 f"(set trainer.n_gpus_per_node={count} or expose more GPUs)")
     if importlib.util.find_spec("vllm") is None:
@@ -115,7 +115,7 @@ def build_verl_config(cfg: C.Recipe, run_dir: str | os.PathLike[str],
         env_vars = dict(OmegaConf.to_container(current, resolve=True)) if current is not None else {}
         env_vars.update(plugin_env_vars())
         ray_init.runtime_env.env_vars = env_vars
-        if int(cfg.trainer.nnodes) > 1 and not os.environ.get("RAY_ADDRESS"):
+        if cfg.trainer.nnodes > 1 and not os.environ.get("RAY_ADDRESS"):
             ray_init.address = "auto"  # join the cluster started with `ray start` on every node
     return verl_cfg
 

@@ -109,7 +109,7 @@ class SealTrainer(TrainerAdapter):
     def update_best(self, val: Mapping[str, float]) -> None:
         """`best.json` on a new best of `trainer.best_metric` (`seal.run_dir.improves`); a best at a step
         without a checkpoint saves one, a best at step 0 names the base model."""
-        key = str(self.recipe.trainer.best_metric)
+        key = self.recipe.trainer.best_metric
         if key not in val:
             log.warning("best checkpoint: validation has no %s", key)
             return
@@ -118,7 +118,7 @@ class SealTrainer(TrainerAdapter):
             return
         step = int(self.global_steps)
         if step == 0:
-            path = str(self.recipe.model.path)  # the base model, before any update
+            path = self.recipe.model.path  # the base model, before any update
         else:
             if not self.checkpoints.verl_step_dir(step).is_dir():
                 self.save_checkpoint()
