@@ -32,8 +32,12 @@ os.environ.setdefault("BFCL_PROJECT_ROOT", os.path.join(tempfile.gettempdir(), "
 import psutil  # noqa: E402
 
 from seal.rollout.client import EnvClient  # noqa: E402
-from seal.rollout.codec import EOS_TOKEN_ID, build_qwen_tokenizer  # noqa: E402
-from seal.rollout.episode import ChatCodec, run_episode  # noqa: E402
+from seal.rollout.codec import (  # noqa: E402
+    EOS_TOKEN_ID,
+    ChatCodec,  # noqa: E402
+    build_qwen_tokenizer,
+)
+from seal.rollout.episode import run_episode  # noqa: E402
 from seal.rollout.types import Generation, RolloutLimits, SamplingParams  # noqa: E402
 
 

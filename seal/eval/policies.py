@@ -34,7 +34,8 @@ import httpx
 
 from env_service.parser import format_tool_call
 from env_service.tasks import TURN_END_REPLY, ground_truth_replies
-from seal.rollout.episode import ChatCodec, TokenTurns, Turns
+from seal.rollout.codec import ChatCodec
+from seal.rollout.episode import TokenTurns, Turns
 from seal.rollout.hf_generation import HFGenerator
 from seal.rollout.types import GenerateFn, Generation, Rollout, RolloutLimits, SamplingParams
 

@@ -26,14 +26,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 from env_service.protocol import CreateReply, EvaluateReply, StepReply
 from seal.rollout.client import EnvClientError, EnvProtocolError, EnvUnavailable
-from seal.rollout.codec import fast_encoder_for
+from seal.rollout.codec import ChatCodec, TemplateError
 from seal.rollout.types import (
     GenerateFn,
     Generation,
@@ -48,109 +47,6 @@ log = logging.getLogger(__name__)
 
 # Appended to an observation cut to `max_observation_tokens` (the release appended a similar marker).
 OBS_TRUNCATION_MARKER = "\n... [observation truncated] ..."
-
-
-class TemplateError(RuntimeError):
-    """The chat template does not extend a conversation by appending text (token bookkeeping impossible)."""
-
-
-class ChatCodec:
-    """Tokenizer + chat template operations the agent loop needs, with per-tokenizer constants cached.
-
-    `check_full_render=True` (tests/debugging) additionally renders the whole conversation at every
-    step and checks that the increment equals the difference of full renders; it costs O(conversation)
-    per step and is off in training.
-    """
-
-    def __init__(self, tokenizer: Any, check_full_render: bool = False, fast_encode: bool = True):
-        self.tokenizer = tokenizer
-        self.check_full_render = check_full_render
-        eos_id = tokenizer.eos_token_id
-        eos_text = tokenizer.eos_token
-        if not isinstance(eos_id, int) or not eos_text:
-            raise ValueError("tokenizer needs a single eos token (the chat template's end-of-turn token)")
-        if getattr(tokenizer, "chat_template", None) is None:
-            raise ValueError("tokenizer has no chat template")
-        self.eos_id: int = eos_id
-        self.eos_text: str = eos_text
-        # The fast path: call the Rust tokenizer directly (the transformers wrapper adds ~50-100 us per
-        # call). Equivalent for encode without special tokens; decode goes through the wrapper only when
-        # it would clean up spaces.
-        self._backend = getattr(tokenizer, "backend_tokenizer", None)
-        # Qwen2.5 vocabularies get a tiktoken encoder with identical ids (seal.rollout.codec.FastQwenEncoder):
-        # HF's BPE needs ~12 ms for a long BFCL system prompt, tiktoken under 1 ms.
-        self._fast = fast_encoder_for(tokenizer) if fast_encode else None
-        self._wrapper_decode = bool(getattr(tokenizer, "clean_up_tokenization_spaces", False))
-        sentinel = "\u2063probe\u2063"
-        probe = self.render([{"role": "user", "content": "u"}, {"role": "assistant", "content": sentinel}], False)
-        if eos_text not in probe.split(sentinel, 1)[-1]:
-            raise ValueError(f"the chat template does not close assistant turns with the eos token {eos_text!r}")
-
-    _cache: ClassVar[weakref.WeakKeyDictionary] = weakref.WeakKeyDictionary()
-
-    @classmethod
-    def for_tokenizer(cls, tokenizer: Any) -> ChatCodec:
-        """The codec of `tokenizer`, built once per tokenizer object."""
-        if isinstance(tokenizer, ChatCodec):
-            return tokenizer
-        try:
-            codec = cls._cache.get(tokenizer)
-        except TypeError:  # not weak-referenceable / not hashable
-            return cls(tokenizer)
-        if codec is None:
-            codec = cls(tokenizer)
-            cls._cache[tokenizer] = codec
-        return codec
-
-    def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt
-        )
-
-    def encode(self, text: str) -> list[int]:
-        if self._fast is not None:
-            ids = self._fast(text)
-            if ids is not None:
-                return ids
-        if self._backend is not None:
-            return self._backend.encode(text, add_special_tokens=False).ids
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
-
-    def decode(self, ids: list[int]) -> str:
-        """Text of sampled tokens as sent to the env: special tokens (the eos) dropped."""
-        if self._backend is not None and not self._wrapper_decode:
-            return self._backend.decode(ids, skip_special_tokens=True)
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-    def increment_text(self, head: list[dict], head_text: str, assistant: str, sampled_eos: bool,
-                       observation: dict) -> str:
-        """Template text between the end of the sampled tokens and the next generation point.
-
-        Rendered as template(head + [assistant, observation], generation prompt) minus
-        template(head, generation prompt) (= `head_text`), minus the assistant content and, when the
-        model sampled it, the eos. `head` is the episode's [system, user]; assuming (and checked by
-        `check_full_render`) that a turn's rendering does not depend on earlier turns, this render has
-        constant size whatever the conversation length.
-        """
-        full = self.render(head + [{"role": "assistant", "content": assistant}, observation], True)
-        if not full.startswith(head_text):
-            raise TemplateError("chat template is not prefix-stable: the head renders differently once "
-                                "an assistant turn follows")
-        rest = full[len(head_text):]
-        if rest.startswith(assistant):
-            rest = rest[len(assistant):]
-        else:
-            # The template rewrites assistant content in history (e.g. drops reasoning); the sampled
-            # tokens stay what they were, and the increment starts at the turn's end token.
-            cut = rest.find(self.eos_text)
-            if cut < 0:
-                raise TemplateError("cannot find the end of the assistant turn in the rendered template")
-            rest = rest[cut:]
-        if sampled_eos:
-            if not rest.startswith(self.eos_text):
-                raise TemplateError(f"assistant turn does not end with {self.eos_text!r} in the template")
-            rest = rest[len(self.eos_text):]
-        return rest
 
 
 @dataclass(frozen=True)
