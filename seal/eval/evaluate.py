@@ -37,15 +37,7 @@ from seal.report.tables import format_estimate
 from seal.rollout.client import EnvClient, EnvClientError, EnvUnavailable
 from seal.rollout.episode import play_episode, run_all
 from seal.rollout.types import RolloutLimits
-from seal.run_dir import (  # noqa: F401 - checkpoint selection lives in seal.run_dir; re-exported here
-    BEST_METRIC,
-    CheckpointChoice,
-    RunDir,
-    best_step,
-    hf_weights_dir,
-    select_checkpoints,
-    validation_averages,
-)
+from seal.run_dir import RunDir, hf_weights_dir, select_checkpoints
 
 log = logging.getLogger(__name__)
 

@@ -15,6 +15,7 @@ from seal.eval.policies import Policy, PolicyError, constant_agent
 from seal.eval.results import read_summary
 from seal.report.tables import held_in_estimates
 from seal.rollout.client import EnvClient
+from seal.run_dir import select_checkpoints
 
 RESULT_KEYS = {"task_id", "category", "accuracy", "progress", "failure_tags", "paper_labels", "num_model_calls",
                "messages", "error"}
@@ -160,7 +161,7 @@ def make_run(root: Path, steps: list[int], averages: dict[int, float], best: dic
 def test_select_checkpoints_uses_latest_and_best_json(tmp_path):
     run = make_run(tmp_path, [10, 20, 30], {0: 0.1, 10: 0.4, 20: 0.3, 30: 0.35},
                    {"step": 10, "path": "checkpoints/step_10", "metric": "val/accuracy/average", "value": 0.4})
-    last, best = ev.select_checkpoints(run)
+    last, best = select_checkpoints(run)
     assert (last.name, last.step, last.path) == ("last", 30, run / "checkpoints/step_30")
     assert (best.name, best.step, best.path) == ("best", 10, run / "checkpoints/step_10")
     assert "best.json" in best.selection
@@ -170,18 +171,18 @@ def test_best_is_reselected_on_the_overall_average_when_best_json_used_one_categ
     # The release picked "best" on the base category only; the contract is the overall average.
     run = make_run(tmp_path, [10, 20, 30], {0: 0.1, 10: 0.4, 20: 0.45, 30: 0.45},
                    {"step": 0, "path": "checkpoints/step_0", "metric": "val/accuracy/multi_turn_base", "value": 0.9})
-    _, best = ev.select_checkpoints(run)
+    _, best = select_checkpoints(run)
     assert best.step == 20  # highest average among saved checkpoints, earliest on a tie (strict >)
     assert "re-selected" in best.selection and "multi_turn_base" in best.selection
 
 
 def test_best_without_best_json_and_without_metrics(tmp_path):
     run = make_run(tmp_path, [5, 7], {0: 0.2, 5: 0.1, 7: 0.3}, None)
-    assert [(c.name, c.step) for c in ev.select_checkpoints(run)] == [("last", 7), ("best", 7)]
+    assert [(c.name, c.step) for c in select_checkpoints(run)] == [("last", 7), ("best", 7)]
     (run / "metrics.jsonl").unlink()
-    assert [c.name for c in ev.select_checkpoints(run)] == ["last"]
+    assert [c.name for c in select_checkpoints(run)] == ["last"]
     with pytest.raises(ValueError, match="no checkpoints"):
-        ev.select_checkpoints(tmp_path / "missing")
+        select_checkpoints(tmp_path / "missing")
 
 
 def test_hf_model_dir_explains_verl_checkpoints(tmp_path):
