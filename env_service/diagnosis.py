@@ -1,55 +1,167 @@
-"""Paper labels: one label per turn from executable evidence, by a fixed priority rule (docs/diagnosis.md).
+"""Paper labels: one label per turn from that turn's own evidence, by the paper's priority (docs/diagnosis.md).
 
-Input per turn: the release-vocabulary progress tag (from re-executing the turn against the ground truth with
-BFCL's ``state_checker`` / ``response_checker``) and the episode's own evidence (rejected messages, tool error
-texts, the names the model called vs the ground truth's). The paper's priority puts direct executable failures
-before downstream verifier failures; the first rule that matches wins:
+The paper defines the label of turn i as z_i = Ψ(a_i, ξ_i, s_{i-1}, s_i, F): a function of the turn's action,
+its parser / schema / execution / verifier evidence and its *own* state transition. The progress tag alone
+cannot say whose fault a failing turn is, because BFCL's checks compare the cumulative state: once an earlier
+turn left a wrong state, every later turn fails ``state_checker`` however right its own calls are. So a
+failing turn is re-checked in isolation: its accepted calls are replayed from the *reference* state before
+the turn (the ground truth of turns 0..i-1 replayed on fresh instances) and compared with the reference
+state and results after it (``own_turn_check``). Evidence per turn (``TurnEvidence``):
 
-1. invalid_tool_call  — a message in the turn was unparsable or called an unavailable/non-existent tool, or the
-                        model called a tool in a turn where none should be called (``spurious_tool_call``).
-2. argument_mismatch  — a call failed with an argument error (missing/unexpected argument, wrong type or value),
-                        or the state is wrong although the model called every function the ground truth called
-                        (the right functions with wrong arguments).
-3. state_mismatch     — the state differs from the ground truth's (``state_mismatch`` / ``instance_mismatch``).
-4. recovery_failure   — the turn got executable error feedback and still failed.
-5. missing_tool_call  — no accepted call in a turn that needed one, or a needed function was never called.
-6. response_mismatch  — the interaction was clean and complete, but the results the verifier needs are missing.
+* the release progress tag (cumulative re-execution with BFCL's ``state_checker`` / ``response_checker``);
+* rejected messages (unparsable, or a call to a tool that is not available now — a held-out tool before its
+  reveal, or a name that does not exist);
+* tool errors of accepted calls, their family (``env_service.tool_errors``) and whether a later call of the
+  same function in the turn succeeded (the model recovered);
+* the turn's own state transition and results (replayed from the reference state);
+* the called functions and arguments against the ground truth's.
 
-Passing turns (``pass``, ``correct_abstention``) are ``pass``; harness errors (``checker_error``, ``gt_error``)
-keep their tag so that A-Patch and the capability state can exclude them in either vocabulary.
+Rules (first match wins; docs/diagnosis.md has the table and the reasoning):
+
+* harness errors (``checker_error``, ``gt_error``) keep their tag;
+* ground truth empty (the model should not call anything): ``pass`` when nothing was attempted, else
+  ``invalid_tool_call`` (an accepted, or a rejected, call where no available tool serves the request);
+* ``pass`` when the cumulative check passes, or the turn's own transition and results are right (a mismatch
+  inherited from an earlier turn is that turn's failure, not this one's);
+* otherwise, by the paper's priority:
+  1. invalid_tool_call  — a message of the turn was rejected;
+  2. argument_mismatch  — a call failed with an argument error, or the model called every function the ground
+                          truth called but some ground-truth call was not made with its arguments;
+  3. state_mismatch     — the turn's own transition leaves a wrong state, and some call that executed is not
+                          one of the ground truth's (a turn that only stopped early is not "executed but
+                          wrong": it falls to 5);
+  4. recovery_failure   — a tool error that no later successful call of the same function repaired;
+  5. missing_tool_call  — no accepted call, or a function the ground truth called is missing;
+  6. response_mismatch  — calls complete, state right, the results the verifier needs are missing.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 
 from env_service import vocab
+from env_service.bfcl import response_checker, state_checker
+from env_service.executor import ToolExecutor
+from env_service.tasks import Call, Task
 from env_service.tool_errors import is_argument_error
-from env_service.trajectory import Turn
+from env_service.trajectory import AcceptedCall, Turn
 
 
-def paper_label(tag: str, turn: Turn | None, gt_names: list[str]) -> str:
-    """Label one turn. ``turn`` is None for a turn the episode never reached."""
-    if tag in vocab.SUCCESS_TAGS:
+@dataclass(frozen=True)
+class OwnCheck:
+    """The turn replayed alone from the reference state before it: is its transition / are its results right?
+
+    ``None`` where BFCL's checker raised (no evidence either way)."""
+
+    state_ok: bool | None
+    response_ok: bool | None
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.state_ok) and bool(self.response_ok)
+
+
+def own_turn_check(task: Task, index: int, calls: list[AcceptedCall]) -> OwnCheck:
+    """Replay ``calls`` (turn ``index``'s accepted calls) from the reference state s*_{index-1} and check the
+    result against the reference s*_index with BFCL's own checkers. Fresh instances; nothing is shared."""
+    model = ToolExecutor(task.involved_classes, task.initial_config, task.long_context)
+    reference = ToolExecutor(task.involved_classes, task.initial_config, task.long_context)
+    for earlier in task.gt_calls[:index]:
+        for c in earlier:
+            model.call(c.name, c.arguments)
+            reference.call(c.name, c.arguments)
+    results = [model.call(c.name, c.arguments) for c in calls]
+    gt_results = [reference.call(c.name, c.arguments) for c in task.gt_calls[index]]
+    try:
+        state_ok: bool | None = bool(state_checker(model.instances, reference.instances)["valid"])
+    except Exception:
+        state_ok = None
+    try:
+        response_ok: bool | None = bool(response_checker(results, gt_results, index)["valid"])
+    except Exception:
+        response_ok = None
+    return OwnCheck(state_ok, response_ok)
+
+
+def unrecovered_errors(calls: list[AcceptedCall]) -> list[AcceptedCall]:
+    """Failed calls that no later successful call of the same function in the turn repaired."""
+    out = []
+    for i, call in enumerate(calls):
+        if call.is_error and not any(c.name == call.name and not c.is_error for c in calls[i + 1 :]):
+            out.append(call)
+    return out
+
+
+def _some_call_differs(calls: list[AcceptedCall], gt_calls: list[Call]) -> bool:
+    """True when some ground-truth call was not made with exactly its arguments."""
+    made = [(c.name, c.arguments) for c in calls]
+    return any((g.name, g.arguments) not in made for g in gt_calls)
+
+
+def _only_gt_calls_executed(calls: list[AcceptedCall], gt_calls: list[Call]) -> bool:
+    """True when every call that executed without error is one of the ground truth's (name and arguments):
+    the turn did part of the right thing and stopped, rather than doing something wrong."""
+    expected = [(g.name, g.arguments) for g in gt_calls]
+    return all((c.name, c.arguments) in expected for c in calls if not c.is_error)
+
+
+@dataclass(frozen=True)
+class TurnEvidence:
+    """Everything the label of one turn is computed from (``turn`` is None for a turn never reached)."""
+
+    tag: str
+    turn: Turn | None
+    gt_calls: tuple[Call, ...]
+    own: OwnCheck | None = None  # None: not needed (the cumulative check passed, or no accepted call)
+
+    @property
+    def calls(self) -> list[AcceptedCall]:
+        return self.turn.accepted_calls() if self.turn else []
+
+    @property
+    def rejected(self) -> int:
+        if self.turn is None:
+            return 0
+        return self.turn.count(vocab.PARSE_ERROR) + self.turn.count(vocab.UNAVAILABLE_TOOL)
+
+
+def needs_own_check(tag: str, turn: Turn | None, gt_calls: list[Call]) -> bool:
+    """The isolated replay is needed only for a failing turn with ground-truth calls and accepted calls."""
+    failing = tag not in vocab.SUCCESS_TAGS and tag not in vocab.EXCLUDED_TAGS
+    return failing and bool(gt_calls) and turn is not None and bool(turn.accepted_calls())
+
+
+def paper_label(ev: TurnEvidence) -> str:
+    """The paper label of one turn (module docstring)."""
+    if ev.tag in vocab.EXCLUDED_TAGS:
+        return ev.tag
+    calls = ev.calls
+    if not ev.gt_calls:
+        return vocab.INVALID_TOOL_CALL if calls or ev.rejected else vocab.PASS
+    if ev.tag in vocab.SUCCESS_TAGS or (ev.own is not None and ev.own.passed):
         return vocab.PASS
-    if tag in vocab.EXCLUDED_TAGS:
-        return tag
-    turn = turn or Turn()
-    calls = turn.accepted_calls()
-    errors = [c.result for c in calls if c.is_error]
-    rejected = turn.count(vocab.PARSE_ERROR) + turn.count(vocab.UNAVAILABLE_TOOL)
-    missing_names = Counter(gt_names) - Counter(c.name for c in calls)
+    missing = Counter(g.name for g in ev.gt_calls) - Counter(c.name for c in calls)
+    own_state_ok = ev.own.state_ok if ev.own is not None else None
 
-    if rejected or tag == vocab.SPURIOUS_TOOL_CALL:
+    if ev.rejected:
         return vocab.INVALID_TOOL_CALL
-    if any(is_argument_error(e) for e in errors) or (
-        tag == vocab.STATE_MISMATCH and calls and not missing_names
-    ):
+    if any(c.is_error and is_argument_error(c.result) for c in calls):
         return vocab.ARGUMENT_MISMATCH
-    if tag in (vocab.STATE_MISMATCH, vocab.INSTANCE_MISMATCH):
+    if calls and not missing and _some_call_differs(calls, list(ev.gt_calls)):
+        return vocab.ARGUMENT_MISMATCH
+    stopped_early = bool(missing) and _only_gt_calls_executed(calls, list(ev.gt_calls))
+    if calls and (own_state_ok is False or ev.tag == vocab.INSTANCE_MISMATCH) and not stopped_early:
         return vocab.STATE_MISMATCH
-    if errors:
+    if unrecovered_errors(calls):
         return vocab.RECOVERY_FAILURE
-    if tag == vocab.EMPTY_TURN or missing_names:
+    if not calls or missing:
         return vocab.MISSING_TOOL_CALL
     return vocab.RESPONSE_MISMATCH
+
+
+def label_turn(task: Task, index: int, tag: str, turn: Turn | None) -> str:
+    """Gather the evidence of turn ``index`` (replaying it alone when it failed) and label it."""
+    gt_calls = task.gt_calls[index]
+    own = own_turn_check(task, index, turn.accepted_calls()) if needs_own_check(tag, turn, gt_calls) else None
+    return paper_label(TurnEvidence(tag, turn, tuple(gt_calls), own))

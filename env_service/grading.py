@@ -7,7 +7,7 @@
   fresh instances of our own executor (a fresh namespace: the release reused the official run's mutated
   instances, docs/release_behaviour.md §5.3) next to the ground truth, and each turn is checked with
   BFCL's ``state_checker`` and ``response_checker``. State is cumulative across turns, as in BFCL.
-* Paper labels: ``env_service.diagnosis.paper_label`` over the tags and the episode's evidence.
+* Paper labels: ``env_service.diagnosis.label_turn`` from each turn's own evidence (docs/diagnosis.md).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 from env_service import vocab
 from env_service.bfcl import multi_turn_checker, multi_turn_utils, response_checker, state_checker
-from env_service.diagnosis import paper_label
+from env_service.diagnosis import label_turn
 from env_service.executor import ToolExecutor
 from env_service.tasks import Task
 from env_service.trajectory import Turn
@@ -96,7 +96,7 @@ def per_turn_diagnosis(task: Task, turns: list[Turn]) -> dict[str, Any]:
             tag, state_ok, response_ok = _turn_tag(
                 not gt_calls, len(calls), model_ex, gt_ex, all_model_results, gt_results, t
             )
-        label = paper_label(tag, turn, [c.name for c in gt_calls])
+        label = label_turn(task, t, tag, turn)
         tags.append(tag)
         labels.append(label)
         details.append(

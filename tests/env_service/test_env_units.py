@@ -248,14 +248,14 @@ def test_evaluate_once_then_frozen():
         (
             "multi_turn_base_25",
             [format_tool_call("cat", {"file_name": "nope.txt"})],
-            "recovery_failure",
+            "argument_mismatch",  # the right function with a wrong argument (tests/env_service/test_diagnosis.py)
             "response_mismatch",
         ),
         ("multi_turn_base_25", [], "missing_tool_call", "empty_turn_model_response"),
         (
             "multi_turn_base_100",
             [format_tool_call("get_stock_info", {"symbol": "AAPL"})],
-            "response_mismatch",
+            "argument_mismatch",  # a read-only call with a wrong argument (docs/diagnosis.md)
             "response_mismatch",
         ),
         ("multi_turn_base_25", [format_tool_call("cat", {"file_name": "summary.txt"})], "pass", "pass"),
