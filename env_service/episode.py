@@ -164,7 +164,9 @@ class Episode:
             docs = [copy.deepcopy(d) for d in revealed if d["name"] not in self.available]
             self.tools.extend(docs)
             self.available.update(d["name"] for d in docs)
-            shown = self.presented_tools(docs)
+            # φ_schema annotates revealed docs too, unless Ω asks for the release's raw ones.
+            raw = self.interface.schema.skip_revealed
+            shown = [copy.deepcopy(d) for d in docs] if raw else self.presented_tools(docs)
             if self.config.release_reveal_note:
                 for doc in shown:
                     doc["description"] = doc.get("description", "") + _PYTHON_NOTE

@@ -26,8 +26,9 @@ trajectories): annotations are computed only from the tool docs the caller passe
 docs or ground truth); error hints are computed only from the error text, the name the model itself
 called and the list of currently available tool names the caller passes.
 
-The wording of every marker, instruction and hint is ours; the release's strings are deliberately not
-reused. Differences from the release: docs/interface.md.
+The wording of every marker, instruction and hint is ours; the release's φ_schema markers and instruction line
+are reproduced only behind ``schema.release_wording`` (a fact of the prompt the release trained on, needed to
+reproduce it). Differences from the release: docs/interface.md, docs/release_differences.md.
 """
 
 from __future__ import annotations
@@ -72,6 +73,17 @@ REQUIRED_MARKER = "(required)"
 TYPE_MARKER_PREFIX = "(type:"
 ENUM_MARKER_PREFIX = "(accepted values:"
 ITEM_ENUM_MARKER_PREFIX = "(each item one of:"
+
+# The release's φ_schema wording (observation_lite), used only under ``schema.release_wording`` so that the
+# release's training system prompt can be reproduced exactly (docs/release_differences.md). Its enum hint reads
+# structured ``enum`` lists only, which BFCL's multi-turn docs never have.
+RELEASE_REQUIRED_MARKER = "[required]"
+RELEASE_TYPE_MARKER_PREFIX = "[type:"
+RELEASE_ENUM_PREFIX = "Allowed values:"
+RELEASE_SCHEMA_INSTRUCTION = (
+    "Observation note: parameters marked [required] must be provided exactly when calling a tool; "
+    "do not invent tools outside the current schema."
+)
 
 # Header of the φ_cap block (ours).
 CUE_HEADER = "# Points to keep in mind while using the tools:"
@@ -273,10 +285,27 @@ def annotate_tools(tools: Sequence[Mapping[str, Any]], schema: Any) -> list[dict
         if switches.hide_optional:
             for name in [n for n in props if n not in required]:
                 del props[name]
+        annotate = _annotate_property_release if switches.release_wording else _annotate_property
         for name, spec in props.items():
             if isinstance(spec, dict):
-                _annotate_property(spec, name in required, switches)
+                annotate(spec, name in required, switches)
     return out
+
+
+def _annotate_property_release(spec: dict[str, Any], is_required: bool, switches: SchemaSwitches) -> None:
+    """The release's annotation: its markers, its order, its joining (trailing whitespace kept), enum from a
+    structured ``enum`` list only."""
+    desc = str(spec.get("description", "") or "")
+    additions: list[str] = []
+    if switches.required and is_required and RELEASE_REQUIRED_MARKER not in desc:
+        additions.append(RELEASE_REQUIRED_MARKER)
+    if switches.types and spec.get("type") and RELEASE_TYPE_MARKER_PREFIX not in desc:
+        additions.append(f"{RELEASE_TYPE_MARKER_PREFIX} {spec.get('type')}]")
+    values = spec.get("enum")
+    if switches.enum and values and RELEASE_ENUM_PREFIX not in desc:
+        additions.append(f"{RELEASE_ENUM_PREFIX} " + ", ".join(str(v) for v in values))
+    if additions:
+        spec["description"] = f"{desc} {' '.join(additions)}".strip()
 
 
 def _annotate_property(spec: dict[str, Any], is_required: bool, switches: SchemaSwitches) -> None:
@@ -304,6 +333,8 @@ def schema_instruction(schema: Any) -> str | None:
     switches = parse_schema(schema)
     if not switches.any_on:
         return None
+    if switches.release_wording:
+        return RELEASE_SCHEMA_INSTRUCTION
     parts: list[str] = ["Schema notes:"]
     if switches.required:
         parts.append(f"A parameter tagged {REQUIRED_MARKER} has to be present in every call of its tool.")

@@ -97,7 +97,7 @@ MAX_CUES = 8  # cue lines per interface
 MAX_CUE_TEXT_CHARS = 300  # characters per cue text
 MAX_CUE_TAG_CHARS = 64  # characters per cue tag
 
-SCHEMA_KEYS: tuple[str, ...] = ("required", "enum", "types", "hide_optional")
+SCHEMA_KEYS: tuple[str, ...] = ("required", "enum", "types", "hide_optional", "release_wording", "skip_revealed")
 INTERFACE_KEYS: tuple[str, ...] = ("version", "schema", "error_feedback", "cues")
 CUE_KEYS: tuple[str, ...] = ("tag", "text")
 _CUE_TAG_RE = re.compile(r"^[A-Za-z0-9_.:\-]+$")
@@ -130,12 +130,18 @@ class SchemaSwitches:
     types: state each parameter's declared type (release option, off in SEAL.yaml).
     hide_optional: drop parameters that are not required (release option, off in SEAL.yaml; note that
         544 of the 4,625 BFCL multi-turn ground-truth calls use an optional parameter).
+    release_wording: the release's markers and instruction line, enums from structured ``enum`` lists only
+        (reproduces the release's training system prompt byte for byte; docs/interface.md).
+    skip_revealed: leave the docs revealed at a miss_func turn unannotated, as the release does.
+    The last two modify how the first four render; alone they change nothing.
     """
 
     required: StrictBool = False
     enum: StrictBool = False
     types: StrictBool = False
     hide_optional: StrictBool = False
+    release_wording: StrictBool = False
+    skip_revealed: StrictBool = False
 
     @field_validator("*", mode="before")
     @classmethod

@@ -80,9 +80,10 @@ def test_seal_recipe_has_paper_table4_values():
     assert not wrong, wrong
     # 400 training tasks / 32 -> 12 steps per epoch, x 6 epochs = 72 steps.
     assert C.total_training_steps(cfg, 400) == 72
-    # The paper's method: closed-loop interface with phi_schema, adaptive phi_err, phi_cap; dynamic A-Patch.
+    # The paper's method: closed-loop interface with phi_schema, phi_err(o_i, H_t) (not gated by C_t), phi_cap;
+    # dynamic A-Patch.
     assert f["seal.interface.enable"] and f["seal.interface.closed_loop"] and f["seal.interface.cues"]
-    assert f["seal.interface.error_feedback"] == "adaptive"
+    assert f["seal.interface.error_feedback"] == "on"
     assert f["seal.interface.schema_required"] and f["seal.interface.schema_enum"]
     assert f["seal.apatch.enable"] and f["seal.capability.enable"]
     assert cfg.seal.apatch_config.static_weights()["spurious_tool_call"] == 2.0
@@ -129,7 +130,8 @@ def test_release_recipe_is_the_released_setting():
     assert cfg.rollout.gpu_memory_utilization == 0.4
     assert cfg.trainer.best_metric == "val/accuracy/multi_turn_base"
     omega = SealController(cfg.seal).interface("train")
-    assert omega == {"version": 0, "schema": {"required": True, "enum": True, "types": False, "hide_optional": False},
+    assert omega == {"version": 0, "schema": {"required": True, "enum": True, "types": False, "hide_optional": False,
+                                              "release_wording": True, "skip_revealed": True},
                      "error_feedback": False, "cues": []}
 
 

@@ -40,6 +40,14 @@ class InterfaceConfig(EvolveSettings):
     enable: bool = knob(True, source="ours", help="false = raw interface: training episodes get no interface at all")
     closed_loop: bool = knob(True, source="ours", help="false = Omega_0 kept for the whole run (not evolved from C_t)")
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # Adaptive φ_err is decided from C_t at every evolve; with Ω frozen at Ω_0 it would silently stay off,
+        # removing φ_err instead of only the closed loop (the paper's φ_err(o_i, H_t) does not need C_t: "on").
+        if self.enable and not self.closed_loop and self.error_feedback == "adaptive":
+            raise ValueError("interface.error_feedback: adaptive needs interface.closed_loop: true "
+                             "(use on, the paper's non-adaptive phi_err, or off)")
+
 
 @dataclass(frozen=True)
 class SealConfig:

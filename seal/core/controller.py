@@ -95,9 +95,16 @@ class SealController:
             return None
         return json.loads(json.dumps(self.omega))  # a copy the caller may keep
 
-    def set_training_progress(self, step: int, total_steps: int) -> None:
-        """Record how far training is (reward `cap_decay`); call before the step's rollouts."""
-        self.training_progress = min(max(step / max(total_steps, 1), 0.0), 1.0)
+    def set_training_progress(self, step: int, total_steps: int, steps_per_epoch: int | None = None) -> None:
+        """Record how far training is (reward `cap_decay`); call before the step's rollouts. `step` is
+        0-based. With `seal.reward.decay_clock: epoch` (the release) it is the epoch index over the number of
+        epochs, which needs `steps_per_epoch`; otherwise `step / total_steps`."""
+        if self.reward_cfg.decay_clock == "epoch" and steps_per_epoch:
+            epochs = -(-max(total_steps, 1) // steps_per_epoch)
+            progress = (step // steps_per_epoch) / epochs
+        else:
+            progress = step / max(total_steps, 1)
+        self.training_progress = min(max(progress, 0.0), 1.0)
 
     def reward_fn(self, eval_result: Mapping[str, Any]) -> float:
         """Training reward of one episode from its `evaluate` reply (`seal.reward`, paper: the 0/1 verdict)."""

@@ -12,10 +12,13 @@ An interface is the JSON of the protocol's Ω model (``env_service.protocol.Inte
      "cues": [{"tag": str, "text": str}]}
 
 * φ_schema — static switches from the config (release SEAL: required + enum hints on, docs/release_behaviour.md §6.1).
-* φ_err — ``off``, ``on``, or ``adaptive``: on while the tags that error feedback can help with
-  (``ERROR_FEEDBACK_TAGS``) are prevalent in C_t.
+* φ_err — ``on`` (the paper: φ_err(o_i, H_t) turns each error observation into recovery-oriented feedback and
+  does not depend on C_t), ``off`` (the release), or ``adaptive`` (ours: on while the tags that error feedback
+  can help with, ``ERROR_FEEDBACK_TAGS``, are prevalent in C_t; needs the closed loop).
 * φ_cap — up to ``max_cues`` cue lines for the tags under the most pressure (prevalence ·
-  (1 − reward_mean)), subject to the release's thresholds (docs/release_behaviour.md §6.3).
+  (1 − reward_mean)), subject to the release's thresholds (docs/release_behaviour.md §6.3). Prevalence is C_t's
+  (over all non-excluded turn tags, as the dynamic weights read it); ``cue_prevalence: failures`` takes it over
+  failure tags only, as the release's (disabled) cue rule did.
 
 Both adaptive parts use hysteresis so the interface does not flap from step to step: a cue (or
 error feedback) *enters* when the thresholds are met and *stays* until the profile falls clearly
@@ -31,16 +34,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from env_service import vocab
 from env_service.protocol import MAX_CUE_TEXT_CHARS, MAX_CUES, parse_omega
 from seal.core.config_parsing import apply_release_zero_fallback, config_from_mapping, field_values, knob
-from seal.core.profile import FailureProfile
+from seal.core.profile import FailureProfile, TagProfile
 from seal.core.weights import UNKNOWN_TAG, check_vocabulary, known_tags
 
 ERROR_FEEDBACK_MODES = ("off", "on", "adaptive")
+SCHEMA_WORDINGS = ("ours", "release")
+# φ_cap's prevalence denominator: all non-excluded turn tags (the C_t that the dynamic weights use too), or
+# failure tags only (the release's cue rule, which leaves out pass, correct_abstention and unknown).
+CUE_PREVALENCE_BASES = ("all", "failures")
 
 # Tags whose turns error feedback can help recover (ours).
 # paper: the three labels the paper ties to parse/schema/execution errors.
@@ -108,14 +115,22 @@ class EvolveSettings:
     schema_enum: bool = knob(True, source="release", help="phi_schema: list the allowed values of enum parameters")
     schema_types: bool = knob(False, source="release", help="phi_schema: spell out parameter types")
     schema_hide_optional: bool = knob(False, source="release", help="phi_schema: hide optional parameters")
-    error_feedback: str = knob("adaptive", source="paper", choices=ERROR_FEEDBACK_MODES,
-                               help="phi_err: off | on | adaptive (on while error tags are prevalent; release: off)")
+    schema_wording: str = knob("ours", source="ours", choices=SCHEMA_WORDINGS,
+                               help="phi_schema markers and instruction: ours | release (the release's exact text)")
+    schema_revealed: bool = knob(True, source="ours",
+                                 help="phi_schema also annotates docs revealed at a miss_func turn (release: false)")
+    error_feedback: str = knob("on", source="paper", choices=ERROR_FEEDBACK_MODES,
+                               help="phi_err(o_i, H_t): on | off | adaptive (ours: on while error tags are "
+                                    "prevalent in C_t; needs closed_loop); release: off")
     error_tags: tuple[str, ...] | None = knob(None, source="ours",
                                               help="tags that switch adaptive phi_err on; null = per vocabulary")
     error_threshold: float = knob(0.10, source="ours",
                                   help="combined prevalence of error_tags that switches phi_err on")
     error_min_count: int = knob(8, source="ours", help="combined occurrences of error_tags needed for phi_err")
     cues: bool = knob(True, source="paper", help="phi_cap: capability cues from C_t (release: off)")
+    cue_prevalence: str = knob("all", source="ours", choices=CUE_PREVALENCE_BASES,
+                               help="phi_cap prevalence over all non-excluded turn tags (the shared C_t) | "
+                                    "failures (release cue rule)")
     prevalence_threshold: float = knob(0.10, source="release", help="phi_cap: a tag needs at least this prevalence")
     reward_threshold: float = knob(0.6, source="release", help="phi_cap: a tag needs reward_mean below this")
     min_tag_count: int = knob(8, source="release", help="phi_cap: a tag needs at least this many occurrences")
@@ -133,6 +148,10 @@ class EvolveSettings:
             apply_release_zero_fallback(self, self.RELEASE_OR_DEFAULT_FIELDS)
         if self.error_feedback not in ERROR_FEEDBACK_MODES:
             raise ValueError(f"error_feedback must be one of {ERROR_FEEDBACK_MODES}, got {self.error_feedback!r}")
+        if self.schema_wording not in SCHEMA_WORDINGS:
+            raise ValueError(f"schema_wording must be one of {SCHEMA_WORDINGS}, got {self.schema_wording!r}")
+        if self.cue_prevalence not in CUE_PREVALENCE_BASES:
+            raise ValueError(f"cue_prevalence must be one of {CUE_PREVALENCE_BASES}, got {self.cue_prevalence!r}")
         for name in ("error_threshold", "prevalence_threshold", "reward_threshold", "hysteresis"):
             value = getattr(self, name)
             if not (math.isfinite(value) and 0.0 <= value <= 1.0):
@@ -199,6 +218,8 @@ def _schema(cfg: EvolveConfig) -> dict[str, bool]:
         "enum": cfg.schema_enum,
         "types": cfg.schema_types,
         "hide_optional": cfg.schema_hide_optional,
+        "release_wording": cfg.schema_wording == "release",
+        "skip_revealed": not cfg.schema_revealed,
     }
 
 
@@ -238,9 +259,12 @@ def _cue_tags(
     incumbents = {c["tag"] for c in omega["cues"]}
     relax = 1.0 - cfg.hysteresis
     ranked: list[tuple[float, str]] = []
+    failures = sum(s.count for t, s in profile.tags.items() if t not in NON_CUE_TAGS)
     for tag, stat in profile.tags.items():
         if tag not in texts or tag in NON_CUE_TAGS:
             continue
+        if cfg.cue_prevalence == "failures":
+            stat = cue_stat_over_failures(stat, failures)
         if tag in incumbents:
             keep = (
                 stat.count >= math.ceil(cfg.min_tag_count * relax)
@@ -260,6 +284,13 @@ def _cue_tags(
     # highest score first; ties by tag name so the choice is deterministic
     chosen = {tag for _, tag in sorted(ranked, key=lambda x: (-x[0], x[1]))[: cfg.max_cues]}
     return [tag for tag in texts if tag in chosen]  # stable order: CUE_TEXTS order, then overrides
+
+
+def cue_stat_over_failures(stat: TagProfile, failures: int) -> TagProfile:
+    """A tag's profile with prevalence (and pressure) over failure-tag occurrences only, as the release's cue
+    rule computes them (its total leaves out pass, correct_abstention and unknown besides the harness tags)."""
+    prevalence = stat.count / failures if failures else 0.0
+    return replace(stat, prevalence=prevalence, pressure=prevalence * (1.0 - stat.reward_mean))
 
 
 def evolve(omega: Mapping[str, Any], profile: FailureProfile, cfg: EvolveConfig) -> dict[str, Any]:

@@ -11,9 +11,12 @@ so "prevalence", "reward mean" and "pressure" have a single definition:
   and success (docs/release_behaviour.md §10.1);
 * ``prevalence(tag) = count(tag) / total``, where ``total`` counts every occurrence except the
   excluded harness tags (``checker_error``, ``gt_error``) — ``pass``, ``correct_abstention`` and
-  ``unknown`` are in the denominator (release behaviour);
+  ``unknown`` are in the denominator. This is the release's denominator for the dynamic tag weights; the
+  release's (disabled) cue rule used failure tags only, which φ_cap reproduces behind
+  ``seal.interface.cue_prevalence: failures`` (``seal.core.evolve``);
 * ``reward_mean(tag)`` = mean reward over the tag's occurrences;
-* ``pressure(tag) = prevalence · (1 − reward_mean)`` (release diagnostic_evolution, docs/release_behaviour.md §6.3).
+* ``pressure(tag) = prevalence · (1 − reward_mean)`` (the ranking of the release's cue rule,
+  docs/release_behaviour.md §6.3).
 
 Per category the same quantities are computed within the category (denominator: that category's
 non-excluded occurrences).

@@ -3,7 +3,10 @@
 * ``binary`` (default; the paper): the official 0/1 BFCL verdict, unchanged.
 * ``capped``: partial credit for failed trajectories, ``min(cap, weight · progress)``, where
   ``progress`` = passed / scorable turns; the cap may decay linearly with training progress down to
-  ``min_cap``. A success is always 1.0. (The release's SEAL recipe runs this mode with ``cap = 0``,
+  ``min_cap``, progress read per step (``decay_clock: step``, ours: no jump at epoch ends) or as epoch index ÷
+  total epochs (``epoch``, the release). A success is always 1.0. ``count_harness_errors`` puts turns whose
+  grading failed (``checker_error`` / ``gt_error``) back into the scorable count, as failures, as the release's
+  scorer did; ours leaves them out (a harness failure says nothing about the policy). (The release's SEAL recipe runs this mode with ``cap = 0``,
   which is exactly ``binary``.)
 * ``t3rl``: ``(passed + w · passed_irrelevance) / (scorable + w · irrelevance)`` for failed
   trajectories, optionally 0 when no scorable turn passed (``scorable_floor``).
@@ -19,9 +22,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from env_service.vocab import EXCLUDED_TAGS
 from seal.core.config_parsing import apply_release_zero_fallback, config_from_mapping, knob
 
 REWARD_MODES = ("binary", "capped", "t3rl")
+DECAY_CLOCKS = ("step", "epoch")
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,12 @@ class RewardConfig:
                      help="binary = the 0/1 verifier verdict; capped / t3rl = partial credit for failures")
     cap: float = knob(0.7, source="release", help="capped: partial_credit_cap, the most a failed trajectory gets")
     cap_decay: bool = knob(False, source="release", help="capped: cap x (1 - training progress), floored at min_cap")
+    decay_clock: str = knob("step", source="ours", choices=DECAY_CLOCKS,
+                            help="training progress of cap_decay: step = (step-1)/total steps | "
+                                 "epoch = epoch index/total epochs (release)")
+    count_harness_errors: bool = knob(
+        False, source="ours",
+        help="capped/t3rl: checker_error/gt_error turns count as failed scorable turns (release: true)")
     min_cap: float = knob(0.1, source="release", help="capped: floor of the decaying cap")
     weight: float = knob(1.0, source="release",
                          help="capped: partial_credit_weight, applied to progress before the cap")
@@ -45,6 +56,8 @@ class RewardConfig:
     def __post_init__(self) -> None:
         if self.release_zero_fallback:
             apply_release_zero_fallback(self, self.RELEASE_OR_DEFAULT_FIELDS)
+        if self.decay_clock not in DECAY_CLOCKS:
+            raise ValueError(f"reward.decay_clock must be one of {DECAY_CLOCKS}, got {self.decay_clock!r}")
         if self.mode not in REWARD_MODES:
             raise ValueError(f"reward.mode must be one of {REWARD_MODES}, got {self.mode!r}")
         for name in ("cap", "min_cap", "weight", "irrelevance_weight"):
@@ -68,6 +81,12 @@ def _field(result: Mapping[str, Any], key: str) -> Any:
     return result[key]
 
 
+def harness_error_turns(result: Mapping[str, Any]) -> int:
+    """Turns with ground-truth calls whose tag is a harness error (``checker_error`` / ``gt_error``): the env
+    service leaves them out of ``scorable``; the release counted them as failed scorable turns."""
+    return sum(1 for t in _field(result, "turns") if t["gt_calls"] > 0 and t["tag"] in EXCLUDED_TAGS)
+
+
 def compute_reward(result: Mapping[str, Any], cfg: RewardConfig, training_progress: float = 0.0) -> float:
     """Scalar reward of one trajectory from its ``evaluate`` reply.
 
@@ -76,7 +95,8 @@ def compute_reward(result: Mapping[str, Any], cfg: RewardConfig, training_progre
             ``counts`` {passed, scorable, passed_irrelevance, irrelevance} (the last two fields are
             needed by ``t3rl`` only).
         cfg: reward mode and knobs.
-        training_progress: fraction of training done, in [0, 1] (clipped); used by ``cap_decay``.
+        training_progress: fraction of training done, in [0, 1] (clipped); used by ``cap_decay``. The caller
+            computes it on the clock ``decay_clock`` names (``SealController.set_training_progress``).
     """
     accuracy = float(_field(result, "accuracy"))
     if accuracy not in (0.0, 1.0):
@@ -84,15 +104,20 @@ def compute_reward(result: Mapping[str, Any], cfg: RewardConfig, training_progre
     if cfg.mode == "binary" or accuracy >= 1.0:
         return accuracy
 
+    harness = harness_error_turns(result) if cfg.count_harness_errors else 0
     if cfg.mode == "capped":
         cap = cfg.cap
         if cfg.cap_decay:
             cap = max(cfg.min_cap, cap * (1.0 - _clip01(training_progress)))
-        return min(_clip01(cap), cfg.weight * _clip01(_field(result, "progress")))
+        progress = _field(result, "progress")
+        if harness:
+            counts = _field(result, "counts")
+            progress = counts["passed"] / (counts["scorable"] + harness)
+        return min(_clip01(cap), cfg.weight * _clip01(progress))
 
     # t3rl
     counts = _field(result, "counts")
-    passed, scorable = float(counts["passed"]), float(counts["scorable"])
+    passed, scorable = float(counts["passed"]), float(counts["scorable"]) + harness
     passed_irr, irr = float(counts["passed_irrelevance"]), float(counts["irrelevance"])
     if cfg.scorable_floor and scorable > 0 and passed == 0:
         return 0.0

@@ -43,7 +43,7 @@ def simulate(vocabulary: str, seed: int = 0) -> list[dict]:
     first, second, background = SCENARIOS[vocabulary]
     rng = random.Random(seed)
     apatch_cfg = APatchConfig(vocabulary=vocabulary)
-    evolve_cfg = EvolveConfig(vocabulary=vocabulary)
+    evolve_cfg = EvolveConfig(vocabulary=vocabulary, error_feedback="adaptive")  # φ_err gated by C_t (ours)
     state = CapabilityState(vocabulary=vocabulary, base_weights=apatch_cfg.static_weights(), run_id="sim")
     omega = initial_interface(evolve_cfg)
     trace = [{"step": 0, "weights": state.dynamic_weights, "interface": omega}]

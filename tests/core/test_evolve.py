@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from env_service.vocab import EXCLUDED_TAGS, PAPER_LABELS, PROGRESS_TAGS, SUCCESS_TAGS
+from env_service.protocol import SCHEMA_KEYS
 from seal.core.evolve import (
     CUE_TEXTS,
     EvolveConfig,
@@ -52,11 +53,14 @@ def cue_tags(omega: dict) -> list[str]:
 def test_initial_interface():
     assert initial_interface(EvolveConfig()) == {
         "version": 0,
-        "schema": {"required": True, "enum": True, "types": False, "hide_optional": False},
-        "error_feedback": False,
+        "schema": {"required": True, "enum": True, "types": False, "hide_optional": False,
+                   "release_wording": False, "skip_revealed": False},
+        "error_feedback": True,  # φ_err(o_i, H_t): on by default (the paper), independent of C_t
         "cues": [],
     }
-    assert initial_interface(EvolveConfig(error_feedback="on", schema_types=True))["error_feedback"] is True
+    assert initial_interface(EvolveConfig(error_feedback="adaptive", schema_types=True))["error_feedback"] is False
+    release = initial_interface(EvolveConfig(schema_wording="release", schema_revealed=False))["schema"]
+    assert release["release_wording"] is True and release["skip_revealed"] is True
     assert initial_interface(EvolveConfig(schema_types=True))["schema"]["types"] is True
 
 
@@ -95,7 +99,7 @@ def test_entry_thresholds(stats, enters):
 def test_hysteresis_keeps_incumbents_until_clearly_below():
     cfg = EvolveConfig()  # hysteresis 0.25: stay while prevalence >= 0.075, reward_mean < 0.75, count >= 6
     both = profile(**{STATE: (10, 0.08, 0.3), RESP: (10, 0.08, 0.3)})
-    out = evolve(with_cues(STATE), both, cfg)
+    out = evolve(with_cues(STATE, error_feedback=True), both, cfg)
     assert cue_tags(out) == [STATE]  # incumbent stays, the identical newcomer does not enter
     assert out["version"] == 3  # nothing changed
     assert cue_tags(evolve(with_cues(STATE), profile(**{STATE: (10, 0.07, 0.3)}), cfg)) == []
@@ -191,9 +195,10 @@ def test_validate_interface_reads_a_partial_interface_as_the_service_does():
     good = initial_interface(EvolveConfig())
     assert validate_interface({k: v for k, v in good.items() if k != "cues"}) == good
     assert validate_interface({**good, "schema": {"required": True}})["schema"] == {
-        "required": True, "enum": False, "types": False, "hide_optional": False}
+        "required": True, "enum": False, "types": False, "hide_optional": False, "release_wording": False,
+        "skip_revealed": False}
     assert validate_interface({}) == {"version": 0, "error_feedback": False, "cues": [],
-                                      "schema": dict.fromkeys(("required", "enum", "types", "hide_optional"), False)}
+                                      "schema": dict.fromkeys(SCHEMA_KEYS, False)}
     cfg = EvolveConfig(cues=False, error_feedback="off")
     assert evolve({"version": 2}, profile(), cfg) == {**initial_interface(cfg), "version": 3}
 

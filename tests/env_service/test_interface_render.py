@@ -196,7 +196,8 @@ def test_raw_interfaces(obj: Any) -> None:
 def test_full_interface_round_trip() -> None:
     spec = {
         "version": 3,
-        "schema": {"required": True, "enum": True, "types": False, "hide_optional": False},
+        "schema": {"required": True, "enum": True, "types": False, "hide_optional": False, "release_wording": False,
+                   "skip_revealed": False},
         "error_feedback": True,
         "cues": [{"tag": "state_mismatch", "text": "Re-read the latest tool output before changing state."}],
     }
@@ -908,3 +909,35 @@ def test_render_system_suffix_joins_parts_in_order() -> None:
     assert render_system_suffix(Interface()) == ""
     with pytest.raises(InterfaceError):
         render_system_suffix({"cues": 5})
+
+
+# --- the release's φ_schema wording (schema.release_wording) and raw revealed docs (schema.skip_revealed) -----
+def test_release_wording_markers_and_instruction() -> None:
+    tool = {"name": "f", "parameters": {"type": "dict", "required": ["a", "b"], "properties": {
+        "a": {"type": "string", "description": "Mode. [Enum]: [\"x\", \"y\"] "},  # trailing space kept, as released
+        "b": {"type": "integer", "description": "Count.", "enum": [1, 2]},
+        "c": {"type": "array", "description": ""},
+    }}}
+    switches = {"required": True, "enum": True, "types": True, "release_wording": True}
+    props = annotate_tools([tool], switches)[0]["parameters"]["properties"]
+    # enums written in the description text are not read (only structured lists), markers in the release's order
+    assert props["a"]["description"] == 'Mode. [Enum]: ["x", "y"]  [required] [type: string]'
+    assert props["b"]["description"] == "Count. [required] [type: integer] Allowed values: 1, 2"
+    assert props["c"]["description"] == "[type: array]"
+    assert annotate_tools(annotate_tools([tool], switches), switches) == annotate_tools([tool], switches)
+    assert schema_instruction(switches).startswith("Observation note: parameters marked [required]")
+    assert schema_instruction({"release_wording": True}) is None  # a modifier alone changes nothing
+    assert parse_interface({"schema": {"release_wording": True, "skip_revealed": True}}).is_raw
+
+
+@pytest.mark.parametrize("skip", [False, True])
+def test_revealed_docs_annotated_unless_skipped(skip: bool) -> None:
+    from env_service.config import EpisodeConfig
+    from env_service.episode import Episode
+    from env_service.tasks import load_tasks
+
+    omega = parse_interface({"schema": {"required": True, "skip_revealed": skip}})
+    episode = Episode("r", load_tasks()["multi_turn_miss_func_0"], "train", omega, EpisodeConfig())
+    observation = [episode.step("ok")["observation"]["content"] for _ in range(3)][-1]  # the reveal of turn 3
+    assert ("(required)" in observation) is (not skip)
+    assert "(required)" in episode.initial_messages()[0]["content"]

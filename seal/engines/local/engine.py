@@ -168,7 +168,7 @@ def training_step(run: LocalRun, step: int) -> dict[str, float]:
     epoch, index, tasks = step_tasks(run.train_tasks, step, cfg)
 
     # 1. Episodes on Ω_t: each task rollout.n times, sampled; the controller turns each reply into a reward.
-    controller.set_training_progress(step - 1, run.total_steps)
+    controller.set_training_progress(step - 1, run.total_steps, run.steps_per_epoch)
     omega = controller.interface("train")
     params = C.sampling_params(cfg, "train")
     requests = training_requests(cfg, tasks, omega, params, step)

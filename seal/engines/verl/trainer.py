@@ -60,7 +60,7 @@ class SealTrainer(TrainerAdapter):
         step = self.global_steps
         # 1. Training progress (reward modes with a decaying cap) before verl submits the step's batch;
         #    `episode_feed` stamps every submitted batch with it and with Ω_t.
-        self.controller.set_training_progress(step - 1, self.total_training_steps)
+        self.controller.set_training_progress(step - 1, self.total_training_steps, self.steps_per_epoch)
         # 2. verl's step: the batch's episodes in the `seal_bfcl` agent loops (on Ω_t, rewarded by the
         #    episodes' evaluate replies) -> old / reference log-probs -> `advantage_step` below
         #    (controller.observe = C_t, GRPO, controller.reweight = A-Patch) -> the actor update.
