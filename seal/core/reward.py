@@ -6,8 +6,8 @@
   ``min_cap``, progress read per step (``decay_clock: step``, ours: no jump at epoch ends) or as epoch index ÷
   total epochs (``epoch``, the release). A success is always 1.0. ``count_harness_errors`` puts turns whose
   grading failed (``checker_error`` / ``gt_error``) back into the scorable count, as failures, as the release's
-  scorer did; ours leaves them out (a harness failure says nothing about the policy). (The release's SEAL recipe runs this mode with ``cap = 0``,
-  which is exactly ``binary``.)
+  scorer did; ours leaves them out (a harness failure says nothing about the policy). (The release's SEAL
+  recipe runs this mode with ``cap = 0``, which is exactly ``binary``.)
 * ``t3rl``: ``(passed + w · passed_irrelevance) / (scorable + w · irrelevance)`` for failed
   trajectories, optionally 0 when no scorable turn passed (``scorable_floor``).
 

@@ -80,7 +80,7 @@ class EnvConfig:
     step_limit: StepLimitConfig = field(default_factory=StepLimitConfig)
     strict_availability: bool = knob(True, source="release", help="held-out tools are refused before their reveal")
     release_reveal_note: bool = knob(False, source="ours",
-                                     help="revealed docs carry BFCL's 'Python 3 syntax' note, as in the release (a bug)")
+                                     help="revealed docs carry BFCL's 'Python 3 syntax' note, as the release's (a bug)")
     timeout_s: float = knob(300.0, source="release", ge=0, help="client timeout of one env-service request (seconds)")
     max_retries: int = knob(3, source="ours", ge=0, help="client retries of a failed request")
     max_restarts: int = knob(2, source="ours", ge=0,

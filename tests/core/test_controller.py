@@ -196,3 +196,28 @@ def test_the_controller_needs_only_the_core_config():
     with pytest.raises(ValueError, match="interface: .*not tags of the 'paper' vocabulary"):
         SealConfig(diagnosis=DiagnosisConfig(vocabulary="paper"),
                    interface=InterfaceConfig(error_tags=("empty_turn_model_response",)))
+
+
+def test_decay_clock_epoch_reads_the_epoch_index():
+    c = SealController(cfg("seal.reward.mode=capped", "seal.reward.cap_decay=true", "seal.reward.cap=0.6",
+                           "seal.reward.decay_clock=epoch", "seal.reward.min_cap=0"))
+    reply = {"accuracy": 0.0, "progress": 1.0}
+    c.set_training_progress(11, 72, steps_per_epoch=12)  # step 12 of epoch 0: no decay yet
+    assert c.reward_fn(reply) == pytest.approx(0.6)
+    c.set_training_progress(12, 72, steps_per_epoch=12)  # epoch 1 of 6
+    assert c.reward_fn(reply) == pytest.approx(0.5)
+    step_clock = SealController(cfg("seal.reward.mode=capped", "seal.reward.cap_decay=true", "seal.reward.cap=0.6"))
+    step_clock.set_training_progress(11, 72, steps_per_epoch=12)
+    assert step_clock.reward_fn(reply) == pytest.approx(0.6 * (1 - 11 / 72))
+
+
+def test_frozen_interface_keeps_non_adaptive_phi_err():
+    ablation = SealController(cfg(recipe="wo_closed_loop"))
+    omega = ablation.interface("train")
+    assert omega["error_feedback"] is True and omega["cues"] == [] and omega["schema"]["required"]
+    assert not ablation.dynamic_cfg.enable and ablation.apatch_cfg.enable
+    ablation.observe(failing_batch(), 1)
+    ablation.evolve(1)
+    assert ablation.interface("train") == omega  # Ω_0 for the whole run
+    with pytest.raises(Exception, match="adaptive needs interface.closed_loop"):
+        cfg("seal.interface.error_feedback=adaptive", recipe="wo_closed_loop")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from env_service.vocab import EXCLUDED_TAGS, PAPER_LABELS, PROGRESS_TAGS, SUCCESS_TAGS
 from env_service.protocol import SCHEMA_KEYS
+from env_service.vocab import EXCLUDED_TAGS, PAPER_LABELS, PROGRESS_TAGS, SUCCESS_TAGS
 from seal.core.evolve import (
     CUE_TEXTS,
     EvolveConfig,
@@ -252,3 +252,12 @@ def test_evolved_interfaces_pass_the_services_validation():
         parsed = parse_interface(omega)
         assert [c.tag for c in parsed.cues] == cue_tags(omega)
         parse_interface(initial_interface(cfg))
+
+
+def test_cue_prevalence_over_failures_is_the_release_cue_rule():
+    # 100 non-excluded turns: 80 pass, 12 state mismatches, 8 response mismatches (reward 0)
+    p = profile(**{"pass": (80, 0.80, 1.0), STATE: (12, 0.12, 0.0), RESP: (8, 0.08, 0.0)})
+    # over all turns only the state mismatch reaches 10 %; over the 20 failures both do (60 %, 40 %)
+    assert cue_tags(evolve(initial_interface(EvolveConfig()), p, EvolveConfig())) == [STATE]
+    release = EvolveConfig(cue_prevalence="failures")
+    assert sorted(cue_tags(evolve(initial_interface(release), p, release))) == sorted([STATE, RESP])

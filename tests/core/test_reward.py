@@ -85,3 +85,16 @@ def test_bad_input_is_refused():
         RewardConfig(cap=-0.1)
     with pytest.raises(ValueError, match="unknown keys"):
         RewardConfig.from_dict({"partial_credit_cap": 0.5})
+
+
+def test_harness_error_turns_count_as_failures_only_when_asked():
+    # 2 of 3 scorable turns passed; a 4th turn with ground-truth calls hit a checker error (left out of scorable)
+    result = {**reply(0.0, 2 / 3, passed=2, scorable=3),
+              "turns": [{"gt_calls": 1, "tag": t} for t in ("pass", "pass", "state_mismatch", "checker_error")]
+              + [{"gt_calls": 0, "tag": "gt_error"}]}  # an empty-ground-truth turn is never scorable
+    capped = RewardConfig(mode="capped", cap=1.0)
+    assert compute_reward(result, capped) == pytest.approx(2 / 3)
+    assert compute_reward(result, RewardConfig(mode="capped", cap=1.0, count_harness_errors=True)) == pytest.approx(0.5)
+    assert compute_reward(result, RewardConfig(mode="t3rl", count_harness_errors=True)) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="decay_clock"):
+        RewardConfig(decay_clock="minute")
