@@ -93,7 +93,8 @@ def compute_reward(result: Mapping[str, Any], cfg: RewardConfig, training_progre
     Args:
         result: the reply: ``accuracy`` (0.0/1.0), ``progress``, ``progress_with_irrelevance`` and
             ``counts`` {passed, scorable, passed_irrelevance, irrelevance} (the last two fields are
-            needed by ``t3rl`` only).
+            needed by ``t3rl`` only); ``turns`` (each with ``gt_calls`` and ``tag``) when
+            ``count_harness_errors`` is on.
         cfg: reward mode and knobs.
         training_progress: fraction of training done, in [0, 1] (clipped); used by ``cap_decay``. The caller
             computes it on the clock ``decay_clock`` names (``SealController.set_training_progress``).
