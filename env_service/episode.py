@@ -21,7 +21,7 @@ from env_service.calls import is_valid_argument_name
 from env_service.config import EpisodeConfig, StepLimit
 from env_service.executor import ToolExecutor
 from env_service.grading import grade
-from env_service.parser import parse_tool_calls
+from env_service.parser import echo, parse_tool_calls
 from env_service.prompts import rejected_call_message, reveal_message, system_prompt, tool_response
 from env_service.tasks import Task
 from env_service.tool_errors import is_error_result
@@ -124,14 +124,14 @@ class Episode:
             )
             # Only names of public BFCL methods ever reach the executor (and, later, BFCL's checker).
             if not callable_now or not self.executor.knows(name):
-                reason = f"'{name}' is not an available tool"
+                reason = f"'{echo(name)}' is not an available tool"
                 turn.steps.append(Step(vocab.UNAVAILABLE_TOOL, attempted=names, error=reason))
                 return rejected_call_message(reason) + self._hint(vocab.UNAVAILABLE_TOOL, reason, name), (
                     vocab.UNAVAILABLE_TOOL
                 )
             bad = [k for k in call["arguments"] if not is_valid_argument_name(k)]
             if bad:
-                reason = f"argument name {bad[0]!r} of '{name}' is not a valid identifier"
+                reason = f"argument name {echo(bad[0])!r} of '{name}' is not a valid identifier"
                 turn.steps.append(Step(vocab.PARSE_ERROR, attempted=names, error=reason))
                 return rejected_call_message(reason) + self._hint(
                     vocab.PARSE_ERROR, reason, name
