@@ -16,6 +16,7 @@ from functools import cache
 from typing import Any
 
 from env_service.bfcl import BFCL_FORBIDDEN_NAMES, CLASS_FILE_PATH_MAPPING, STATELESS_CLASSES
+from env_service.isolation import isolate_class
 from env_service.tool_errors import ERROR_PREFIX
 
 # Arguments that make a single call run for minutes (e.g. power(10, 10**9) computes a billion-digit integer)
@@ -31,8 +32,9 @@ RESOURCE_GUARDS: dict[tuple[str, str], int] = {
 
 @cache
 def tool_class(class_name: str) -> type:
+    """A BFCL tool class, isolated on first use (``env_service.isolation``): no instance shares module data."""
     module = importlib.import_module(CLASS_FILE_PATH_MAPPING[class_name])
-    return getattr(module, class_name)
+    return isolate_class(getattr(module, class_name))
 
 
 @cache

@@ -19,7 +19,7 @@ from typing import Any
 from env_service import vocab
 from env_service.bfcl import multi_turn_checker, multi_turn_utils, response_checker, state_checker
 from env_service.diagnosis import paper_label
-from env_service.executor import ToolExecutor
+from env_service.executor import ToolExecutor, tool_class
 from env_service.tasks import Task
 from env_service.trajectory import Turn
 
@@ -37,6 +37,8 @@ def official_verdict(task: Task, model_turns: list[list[list[str]]]) -> dict[str
     # BFCL keeps instances in its module globals under keys derived from the model name; a fresh name keeps
     # this grading independent of every other one, and the keys are removed afterwards.
     model_name = f"seal_{uuid.uuid4().hex}"
+    for class_name in task.involved_classes:
+        tool_class(class_name)  # isolated before BFCL's checker builds its own instances
     try:
         result = multi_turn_checker(
             model_turns, task.ground_truth, task.test_entry, task.category, model_name
