@@ -418,8 +418,8 @@ class CreateReply(_Reply):
 
 
 class StepInfo(_Reply):
-    error_type: Literal["parse_error", "unavailable_tool", "tool_error"] | None
-    end_reason: Literal["completed", "step_limit"] | None
+    error_type: Literal["parse_error", "unavailable_tool", "tool_error", "budget_exceeded"] | None
+    end_reason: Literal["completed", "step_limit", "budget_exceeded"] | None
     steps: int
 
 
@@ -484,7 +484,7 @@ class EvaluateReply(_Reply):
     progress_with_irrelevance: float
     official: OfficialVerdict
     grade_ms: float
-    end_reason: Literal["completed", "step_limit", "evaluated_early"]
+    end_reason: Literal["completed", "step_limit", "evaluated_early", "budget_exceeded"]
     steps: int
 
 

@@ -53,6 +53,7 @@ def test_weight_tables_match_paper_and_cover_vocabularies():
     assert PROGRESS_WEIGHTS == {
         "spurious_tool_call": 2.0, "correct_abstention": 1.8, "empty_turn_model_response": 1.5,
         "state_mismatch": 1.0, "response_mismatch": 0.9, "instance_mismatch": 0.6, "pass": 1.0,
+        "budget_exceeded": 2.0,  # ours: the env service's cost budget (env_service/budget.py)
     }
     assert set(PROGRESS_WEIGHTS) == set(PROGRESS_TAGS) - {"checker_error", "gt_error"}
     assert set(PAPER_WEIGHTS) == set(PAPER_LABELS)

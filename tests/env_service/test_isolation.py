@@ -34,7 +34,8 @@ def _state(value, depth=0):
     if isinstance(value, set):
         return sorted(repr(v) for v in value)
     if hasattr(value, "__dict__") and not callable(value):
-        return {k: _state(v, depth + 1) for k, v in vars(value).items() if k not in ("parent", "_random", "_last_modified")}  # wall-clock stamps differ
+        skip = ("parent", "_random", "_last_modified")  # back links, RNG objects, wall-clock stamps
+        return {k: _state(v, depth + 1) for k, v in vars(value).items() if k not in skip}
     return repr(value)
 
 
