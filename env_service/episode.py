@@ -62,7 +62,7 @@ class Episode:
         self.completed = False
         self.end_reason: str | None = None
         self.result: dict[str, Any] | None = None
-        self.over_budget: str | None = None  # the limit an action broke (env_service/budget.py)
+        self.over_budget: tuple[str, str] | None = None  # (limit, detail) an action broke (env_service/budget.py)
         self.last_access = time.monotonic()
 
     # --- rendering -------------------------------------------------------------------------------------
@@ -162,9 +162,10 @@ class Episode:
 
     def end_over_budget(self, exc: BudgetExceeded, attempted: list[str] | None = None) -> dict[str, Any]:
         """End the episode after an action over the cost budget; returns the step reply the model gets."""
-        self.done, self.end_reason, self.over_budget = True, "budget_exceeded", exc.limit
-        self.turns[self.turn].steps.append(Step(vocab.BUDGET_EXCEEDED, attempted=attempted or [], error=exc.detail))
-        self.executor = None  # its instances may hold what the action allocated
+        if self.over_budget is None:  # idempotent: a rebuilt episode may be ended twice
+            self.done, self.end_reason, self.over_budget = True, "budget_exceeded", (exc.limit, exc.detail)
+            self.turns[self.turn].steps.append(Step(vocab.BUDGET_EXCEEDED, attempted=attempted or [], error=exc.detail))
+            self.executor = None  # its instances may hold what the action allocated
         return {
             "observation": {"role": "user", "content": budget_message(exc)},
             "done": True,

@@ -380,8 +380,10 @@ class StatsReply(_Reply):
     created_total: int
     evaluated_total: int
     deleted_total: int
-    rss_bytes: int
+    rss_bytes: int  # the service and its worker processes
     split_sizes: dict[str, int]
+    budget_refusals_total: int = 0  # actions over the cost budget (docs/env_service.md, "Cost limits")
+    worker_restarts_total: int = 0  # worker processes killed for breaking the budget and rebuilt
 
 
 class Message(_Reply):

@@ -1,11 +1,11 @@
-"""Open episodes of the service, with idle expiry (TTL). One object per episode; nothing shared."""
+"""Open episodes of the service (their handles: the episodes live in worker processes), with idle expiry."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
 
-from env_service.episode import Episode
+from env_service.workers import Handle as Episode
 
 
 class EpisodeStore:
@@ -39,11 +39,11 @@ class EpisodeStore:
     def remove(self, episode_id: str) -> bool:
         return self._episodes.pop(episode_id, None) is not None
 
-    def expire(self, now: float | None = None) -> int:
-        """Drop episodes idle for longer than the TTL; returns how many were dropped."""
+    def expire(self, now: float | None = None) -> list[Episode]:
+        """Drop episodes idle for longer than the TTL; returns the dropped ones (their workers free them)."""
         now = time.monotonic() if now is None else now
-        stale = [eid for eid, ep in self._episodes.items() if now - ep.last_access > self.ttl_s]
-        for eid in stale:
-            del self._episodes[eid]
+        stale = [ep for ep in self._episodes.values() if now - ep.last_access > self.ttl_s]
+        for ep in stale:
+            del self._episodes[ep.id]
         self.expired_total += len(stale)
-        return len(stale)
+        return stale

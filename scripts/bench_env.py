@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import time
 from collections import defaultdict
@@ -102,6 +103,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--tasks", type=int, default=400, help="how many eval tasks to replay per setting")
     parser.add_argument("--rss-episodes", type=int, default=500)
+    parser.add_argument("--service-args", default="", help="extra arguments for the started service, e.g. '--workers 0'")
+    parser.add_argument("--token", default=os.environ.get("SEAL_ENV_TOKEN"), help="bearer token (default: $SEAL_ENV_TOKEN)")
     args = parser.parse_args()
 
     def run(url: str) -> None:
@@ -138,7 +141,7 @@ def main() -> None:
     if args.url:
         run(args.url)
     else:
-        with running_service() as (url, _):
+        with running_service(args.service_args.split()) as (url, _):
             run(url)
 
 
