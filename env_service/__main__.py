@@ -12,6 +12,7 @@ import uvicorn
 
 from env_service.budget import Budget
 from env_service.config import EpisodeConfig, ServiceConfig, StepLimit
+from env_service.protocol import TOKEN_ENV
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -41,8 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--split-file", default=None)
     p.add_argument(
         "--token",
-        default=os.environ.get("SEAL_ENV_TOKEN"),
-        help="require 'Authorization: Bearer <token>' (default: $SEAL_ENV_TOKEN)",
+        default=os.environ.get(TOKEN_ENV) or None,
+        help=f"require 'Authorization: Bearer <token>' (default: ${TOKEN_ENV}; required off loopback)",
     )
     p.add_argument("--workers", type=int, default=2, help="worker processes running BFCL code (0: in process)")
     budget = Budget()

@@ -321,6 +321,10 @@ def parse_cue(obj: Any, index: int) -> Cue:
 # Requests
 # =====================================================================================================
 
+# The environment variable holding the service's bearer token: read by the service (``--token`` default) and by
+# every client of the project (seal.rollout.client.EnvClient, hence both engines and the evaluation).
+TOKEN_ENV = "SEAL_ENV_TOKEN"
+
 Mode = Literal["train", "eval"]
 EPISODE_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,128}$"
 
