@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         raise SystemExit(2)
     from env_service.app import create_app
-    from env_service.http import guarded_protocol
+    from env_service.http import KEEP_ALIVE_S, guarded_protocol
 
     config = ServiceConfig(
         episode=EpisodeConfig(
@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> None:
         log_level=args.log_level,
         access_log=False,
         http=guarded_protocol(args.max_connections, args.header_timeout),
+        timeout_keep_alive=KEEP_ALIVE_S,
     )
 
 

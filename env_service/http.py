@@ -5,8 +5,8 @@ than it promised, holds its connection (and a file descriptor) forever, and once
 descriptors the health check stops answering and asyncio logs an ``accept()`` traceback every second.
 
 * **Read deadline**: a request's headers and body must arrive within ``header_timeout_s`` of the connection
-  opening or of the previous response; otherwise the connection is closed (a stalled upload reads as a
-  disconnect).
+  opening or of the request's first byte; otherwise the connection is closed (a stalled upload reads as a
+  disconnect). Idle keep-alive connections close after ``KEEP_ALIVE_S``.
 * **Connection bound**: above ``max_connections`` open connections, idle ones (no request in progress) are
   closed, oldest first; if none is idle, the new connection may only ask for ``/healthz`` (others get a 503).
   The bound sits below the descriptor limit, so accepting never fails and the health check keeps answering.
@@ -25,6 +25,9 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 log = logging.getLogger("env_service")
 HEALTH_PATH = "/healthz"
+# Idle keep-alive connections are closed after this (uvicorn's timeout_keep_alive): longer than the clients' own
+# pool expiry (httpx 5 s, aiohttp 15 s), so a client never sends on a connection the server is closing.
+KEEP_ALIVE_S = 75.0
 
 
 class QuietLog:
@@ -102,10 +105,17 @@ def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[H11P
                     self.cycle.message_event.set()
                 self.transport.close()
 
+        def data_received(self, data: bytes) -> None:
+            # The first bytes of a request start its deadline; idle keep-alive time is uvicorn's (KEEP_ALIVE_S).
+            if self._deadline is None and not self._busy():
+                self._arm()
+            super().data_received(data)
+
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            if not self.transport.is_closing():
-                self._arm()
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
 
         def connection_lost(self, exc: Exception | None) -> None:
             if self._deadline is not None:
