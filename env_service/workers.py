@@ -30,6 +30,7 @@ import resource
 import signal
 import socket
 import struct
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -225,6 +226,11 @@ def _child(sock: socket.socket, tasks: dict[str, Task], config: EpisodeConfig, a
 # --- the service side ------------------------------------------------------------------------------
 
 
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+
+
 class _Worker:
     def __init__(self, index: int) -> None:
         self.index = index
@@ -269,8 +275,9 @@ class WorkerPool:
     def _kill(self, worker: _Worker) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(worker.pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(worker.pid, 0)
+        # Reaped on a thread: the kernel may take a second to free a worker that grabbed gigabytes, and the
+        # event loop (health checks) must not wait for it.
+        threading.Thread(target=_reap, args=(worker.pid,), daemon=True).start()
         if worker.sock is not None:
             worker.sock.close()
             worker.sock = None

@@ -28,7 +28,7 @@ import httpx
 from env_service.parser import format_tool_call
 from env_service.process import running_service
 from env_service.protocol import TOKEN_ENV
-from env_service.tasks import split_ids
+from env_service.tasks import load_tasks, split_ids
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -63,20 +63,23 @@ def fuzz_call(doc: dict, rng: random.Random) -> tuple[str, dict]:
     return doc["name"], args
 
 
-def expensive_sequences(rng: random.Random) -> list[str]:
+def expensive_sequences(rng: random.Random) -> tuple[str | None, list[str]]:
+    """(the BFCL class the sequence needs, or None; its messages)."""
     doubling = [("mkdir", {"dir_name": "d"})] + [
         c for i in range(30) for c in (("cp", {"source": "d", "destination": f"c{i}"}),
                                        ("mv", {"source": f"c{i}", "destination": "d"}))
     ]
+    big = [format_tool_call("touch", {"file_name": "big"}),
+           format_tool_call("echo", {"content": "y" * 900_000, "file_name": "big"})]
     return rng.choice([
-        ["\n".join(format_tool_call(n, a) for n, a in doubling), format_tool_call("find", {"path": "."})],
-        [format_tool_call("touch", {"file_name": "big"}), format_tool_call("echo", {"content": "y" * 900_000,
-                                                                                   "file_name": "big"})]
-        + ["\n".join([format_tool_call("cat", {"file_name": "big"})] * 8)] * 3,
-        ["\n".join([format_tool_call("send_message", {"receiver_id": "USR002", "message": "m" * 10_000})] * 64)] * 5,
-        [format_tool_call("power", {"base": 10**4000, "exponent": 9_999}),
-         format_tool_call("logarithm", {"value": 10**4000, "base": 3, "precision": 10_000})],
-        ["<tool_call>" * 8000, "<tool_call>" + "[" * 200_000, '{"name": ' * 30_000, "</tool_call>" * 5000],
+        ("GorillaFileSystem", ["\n".join(format_tool_call(n, a) for n, a in doubling),
+                               format_tool_call("find", {"path": "."})]),
+        ("GorillaFileSystem", big + ["\n".join([format_tool_call("cat", {"file_name": "big"})] * 8)] * 3),
+        ("MessageAPI", ["\n".join([format_tool_call("send_message", {"receiver_id": "USR002",
+                                                                     "message": "m" * 10_000})] * 64)] * 5),
+        ("MathAPI", [format_tool_call("power", {"base": 10**4000, "exponent": 9_999}),
+                     format_tool_call("logarithm", {"value": 10**4000, "base": 3, "precision": 10_000})]),
+        (None, ["<tool_call>" * 8000, "<tool_call>" + "[" * 200_000, '{"name": ' * 30_000, "</tool_call>" * 5000]),
     ])
 
 
@@ -109,6 +112,10 @@ class Watchdog(threading.Thread):
 async def soak(url: str, seconds: float, concurrency: int, seed: int) -> dict:
     rng = random.Random(seed)
     ids = split_ids("all")
+    by_class: dict[str, list[str]] = {}
+    for task in load_tasks().values():
+        for name in task.involved_classes:
+            by_class.setdefault(name, []).append(task.id)
     counts = {"episodes": 0, "steps": 0, "refused_steps": 0, "parse_errors": 0, "http_5xx": 0, "http_4xx": 0,
               "graded": 0}
     deadline = time.monotonic() + seconds
@@ -126,13 +133,14 @@ async def soak(url: str, seconds: float, concurrency: int, seed: int) -> dict:
                 return json.loads(text) if response.status < 400 and text else None
 
         async def episode(worker_rng: random.Random) -> None:
-            created = await post("/episodes", {"task_id": worker_rng.choice(ids),
+            needs, script = expensive_sequences(worker_rng) if worker_rng.random() < 0.3 else (None, [])
+            candidates = by_class.get(needs, ids) if needs else ids
+            created = await post("/episodes", {"task_id": worker_rng.choice(candidates),
                                                "step_limit": {"scope": "episode", "max_steps": 20}})
             if created is None:
                 return
             counts["episodes"] += 1
             eid, tools = created["episode_id"], created["tools"]
-            script = expensive_sequences(worker_rng) if worker_rng.random() < 0.3 else []
             for _ in range(worker_rng.randint(1, 12)):
                 if script:
                     content = script.pop(0)
