@@ -40,7 +40,7 @@ def _closed_within(sock: socket.socket, seconds: float) -> bool:
 @pytest.mark.slow
 def test_deadlines_connection_bound_quiet_log_and_token(tmp_path, monkeypatch):
     log = tmp_path / "service.log"
-    args = ["--header-timeout", "1.5", "--max-connections", "20", "--token", TOKEN]
+    args = ["--header-timeout", "1.5", "--max-connections", "10", "--token", TOKEN]
     with running_service(args, log_path=log) as (url, _):
         auth = {"authorization": f"Bearer {TOKEN}"}
         # half-open request line, and a body slower than it promised: both closed at the deadline
@@ -52,14 +52,14 @@ def test_deadlines_connection_bound_quiet_log_and_token(tmp_path, monkeypatch):
         silent = _connect(url)  # connects and never sends a byte
         assert _closed_within(stalled, 8) and _closed_within(slow_body, 8) and _closed_within(silent, 8)
         # a client that disconnects mid-body: no 500, no traceback
-        for _ in range(20):
+        for _ in range(5):
             gone = _connect(url)
             gone.sendall(b"POST /episodes HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\n"
                          b"Content-Length: 1000\r\n\r\n{\"task_id\": ")
             gone.close()
-        # 60 idle keep-alive connections (each answered once): above the bound of 20 the idle ones are shed
+        # 40 idle keep-alive connections (each answered once): above the bound of 10 the idle ones are shed
         idle = []
-        for _ in range(60):
+        for _ in range(40):
             sock = _connect(url)
             sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
             assert b"200 OK" in sock.recv(65536)
@@ -67,7 +67,7 @@ def test_deadlines_connection_bound_quiet_log_and_token(tmp_path, monkeypatch):
         # answered at the bound (the latency target is the soak's figure; this 2-core box is shared)
         assert httpx.get(f"{url}/healthz", timeout=5).status_code == 200
         shed = sum(_closed_within(sock, 0.2) for sock in idle)
-        assert shed >= 35, shed
+        assert shed >= 25, shed
         for sock in idle:
             sock.close()
         # the project's client reads the token from the environment
@@ -82,7 +82,6 @@ def test_deadlines_connection_bound_quiet_log_and_token(tmp_path, monkeypatch):
         assert asyncio.run(play())["num_turns"] >= 1
         assert httpx.get(f"{url}/tasks").status_code == 401
         assert httpx.get(f"{url}/tasks", headers=auth).status_code == 200
-        time.sleep(0.5)
     text = log.read_text()
     assert "Traceback" not in text and "500" not in text and "Exception" not in text, text[-2000:]
 

@@ -17,7 +17,7 @@ from env_service.process import REPO
 def test_adversarial_soak(tmp_path):
     out = tmp_path / "soak.json"
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    cmd = [sys.executable, "scripts/soak_env.py", "--seconds", "20", "--concurrency", "8", "--json", str(out),
+    cmd = [sys.executable, "scripts/soak_env.py", "--seconds", "15", "--concurrency", "8", "--json", str(out),
            "--service-args", "--budget-wall-s 2 --budget-memory-mb 128"]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
