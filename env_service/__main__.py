@@ -45,7 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=os.environ.get(TOKEN_ENV) or None,
         help=f"require 'Authorization: Bearer <token>' (default: ${TOKEN_ENV}; required off loopback)",
     )
-    p.add_argument("--workers", type=int, default=2, help="worker processes running BFCL code (0: in process)")
+    p.add_argument("--workers", type=int, default=4, help="worker processes running BFCL code (0: in process)")
     budget = Budget()
     p.add_argument("--budget-wall-s", type=float, default=budget.wall_s, help="wall time of one action (s)")
     p.add_argument("--budget-memory-mb", type=int, default=budget.memory_mb, help="memory of one action/episode")

@@ -48,7 +48,7 @@ class ServiceConfig:
     split_file: str | None = None  # default: data/bfcl_split.json
     # Worker processes that run BFCL code under the budget's deadline and memory limit (0: in the service's own
     # process, where only the guards and the reply limit hold — for debugging). (ours)
-    workers: int = 2
+    workers: int = 4
     # Open connections beyond this are refused at accept (the health check keeps answering). (ours)
     max_connections: int = 512
     header_timeout_s: float = 10.0  # a request's headers and body must arrive within this (ours)
