@@ -31,9 +31,6 @@ PROGRESS_WEIGHTS: dict[str, float] = {
     vocab.RESPONSE_MISMATCH: 0.9,
     vocab.INSTANCE_MISMATCH: 0.6,
     vocab.PASS: 1.0,
-    # ours (not in the paper's table): an action over the env service's cost budget is a refused call,
-    # weighted as the release weights a spurious one
-    vocab.BUDGET_EXCEEDED: 2.0,
 }
 
 # Ours, by analogy (docs/seal_core.md, "Paper-vocabulary weights"):
