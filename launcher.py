@@ -81,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         print(to_yaml(cfg), end="")
         return 0
+    from seal.rollout.client import export_token
+
+    export_token(cfg.env.token_env)  # the started service and every client read $SEAL_ENV_TOKEN
     if cfg.engine == "verl":
         import torch
 

@@ -10,7 +10,9 @@ import sys
 
 import uvicorn
 
+from env_service.budget import Budget
 from env_service.config import EpisodeConfig, ServiceConfig, StepLimit
+from env_service.protocol import TOKEN_ENV
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -40,9 +42,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--split-file", default=None)
     p.add_argument(
         "--token",
-        default=os.environ.get("SEAL_ENV_TOKEN"),
-        help="require 'Authorization: Bearer <token>' (default: $SEAL_ENV_TOKEN)",
+        default=os.environ.get(TOKEN_ENV) or None,
+        help=f"require 'Authorization: Bearer <token>' (default: ${TOKEN_ENV}; required off loopback)",
     )
+    p.add_argument("--workers", type=int, default=4, help="worker processes running BFCL code (0: in process)")
+    budget = Budget()
+    p.add_argument("--budget-wall-s", type=float, default=budget.wall_s, help="wall time of one action (s)")
+    p.add_argument("--budget-memory-mb", type=int, default=budget.memory_mb, help="memory of one action/episode")
+    p.add_argument("--budget-reply-bytes", type=int, default=budget.reply_bytes, help="tool-result text per action")
+    p.add_argument("--budget-max-calls", type=int, default=budget.max_calls, help="tool calls per message")
+    p.add_argument("--max-connections", type=int, default=512, help="open connections before idle ones are shed")
+    p.add_argument("--header-timeout", type=float, default=10.0, help="seconds for a request's headers and body")
     p.add_argument("--log-level", default="warning")
     return p.parse_args(argv)
 
@@ -55,15 +65,26 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError:
         loopback = args.host == "localhost"
     if not loopback and not args.token:
-        print(f"warning: serving on {args.host} without a bearer token (--token)", file=sys.stderr)
+        # Anyone who reaches the port could drive episodes: off loopback a token is required.
+        print(
+            f"env_service: refusing to serve on {args.host} without a bearer token "
+            "(--token or $SEAL_ENV_TOKEN); loopback addresses need none",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
     from env_service.app import create_app
+    from env_service.http import KEEP_ALIVE_S, guarded_protocol
 
     config = ServiceConfig(
         episode=EpisodeConfig(
             step_limit=StepLimit(args.step_limit_scope, args.max_steps),
             strict_availability=not args.no_strict_availability,
             release_reveal_note=args.release_reveal_note,
+            budget=Budget(args.budget_wall_s, args.budget_memory_mb, args.budget_reply_bytes, args.budget_max_calls),
         ),
+        workers=args.workers,
+        max_connections=args.max_connections,
+        header_timeout_s=args.header_timeout,
         ttl_s=args.ttl,
         sweep_interval_s=min(60.0, max(0.05, args.ttl / 4)),
         max_body_bytes=args.max_body_bytes,
@@ -73,7 +94,15 @@ def main(argv: list[str] | None = None) -> None:
     )
     app = create_app(config)
     print(f"env_service: serving {args.host}:{args.port}", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=False,
+        http=guarded_protocol(args.max_connections, args.header_timeout),
+        timeout_keep_alive=KEEP_ALIVE_S,
+    )
 
 
 if __name__ == "__main__":

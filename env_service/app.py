@@ -5,8 +5,9 @@ Request bodies are validated with the protocol's request models and every reply 
 model, so what the service answers is what the client's models parse. Bodies are read and parsed here rather
 than by FastAPI's dependency machinery, which costs more per request than the whole model validation.
 
-Every handler runs on the event loop without awaiting in the middle of an episode operation, so a step is
-atomic with respect to other requests; tool execution and grading are pure CPU work of a few milliseconds.
+Episodes live in worker processes (``env_service.workers``): a handler awaits its episode's worker, whose
+requests are serialized, so a step is atomic with respect to other requests, and the event loop (health checks
+included) keeps answering while BFCL code runs under the cost budget.
 Every error is JSON ``{"error": {"code", "message"}}`` with the status of its code (``protocol.ERROR_STATUS``);
 an unexpected exception inside one request becomes a 500 with a short message (no traceback) and the service
 keeps serving.
@@ -28,12 +29,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from env_service import interface as iface
 from env_service import protocol as p
 from env_service.config import ServiceConfig, StepLimit
-from env_service.episode import Episode, EpisodeStateError
+from env_service.episode import EpisodeStateError
+from env_service.http import loop_exception_handler, quiet
 from env_service.tasks import load_split, load_tasks, split_ids
+from env_service.workers import Handle, InProcessPool, WorkerPool
 
 log = logging.getLogger("env_service")
 EPISODE_ID = re.compile(p.EPISODE_ID_PATTERN)
@@ -113,9 +117,11 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
 
     store = EpisodeStore(config.ttl_s, config.max_episodes)
     # The task tables and imported modules are hundreds of thousands of long-lived objects; freezing them
-    # keeps full garbage collections (which would stall every open request) short.
+    # keeps full garbage collections (which would stall every open request) short, and keeps the pages the
+    # forked workers share with the service from being copied.
     gc.collect()
     gc.freeze()
+    pool = WorkerPool(config.workers, tasks, config.episode) if config.workers else InProcessPool(tasks, config.episode)
     counters = {"created": 0, "evaluated": 0, "deleted": 0}
     process = psutil.Process(os.getpid())
 
@@ -124,16 +130,19 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
         async def sweep() -> None:
             while True:
                 await asyncio.sleep(config.sweep_interval_s)
-                store.expire()
+                for handle in store.expire():
+                    await pool.drop(handle)
 
+        asyncio.get_running_loop().set_exception_handler(loop_exception_handler)
         sweeper = asyncio.create_task(sweep())
         try:
             yield
         finally:
             sweeper.cancel()
+            pool.close()
 
     app = FastAPI(title="SEAL BFCL environment service", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.state.store, app.state.config = store, config
+    app.state.store, app.state.config, app.state.pool = store, config, pool
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError) -> Response:
@@ -144,12 +153,16 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
         code = _STARLETTE_CODES.get(exc.status_code, p.HTTP_ERROR)
         return _error(exc.status_code, code, str(exc.detail))
 
+    @app.exception_handler(ClientDisconnect)
+    async def _disconnected(_request: Request, _exc: ClientDisconnect) -> Response:
+        return Response(status_code=400)  # nobody reads it: the client is gone (not an error of ours)
+
     @app.exception_handler(Exception)
-    async def _unexpected(_request: Request, exc: Exception) -> Response:
-        log.exception("unexpected error")
+    async def _unexpected(request: Request, exc: Exception) -> Response:
+        quiet(f"env_service: unexpected error in {request.method} {request.url.path}: {type(exc).__name__}: {exc}")
         return _error(500, "internal_error", f"{type(exc).__name__}: {str(exc)[:200]}")
 
-    def episode_or_404(episode_id: str) -> Episode:
+    def episode_or_404(episode_id: str) -> Handle:
         episode = store.get(episode_id)
         if episode is None:
             raise ApiError("unknown_episode", f"no open episode {episode_id!r} (finished, deleted or expired)")
@@ -176,7 +189,9 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
                 "open_episodes": len(store),
                 "expired_total": store.expired_total,
                 **{f"{k}_total": v for k, v in counters.items()},
-                "rss_bytes": process.memory_info().rss,
+                "rss_bytes": process.memory_info().rss + pool.rss_total(),
+                "budget_refusals_total": pool.refused,
+                "worker_restarts_total": pool.restarts,
                 "split_sizes": {k: len(v) for k, v in split.items()},
             }
         )
@@ -199,28 +214,32 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
         if episode_id in store:
             raise ApiError("episode_exists", f"episode {episode_id!r} already exists")
         if store.full():
-            store.expire()
+            for handle in store.expire():
+                await pool.drop(handle)
             if store.full():
                 raise ApiError("too_many_episodes", f"{len(store)} episodes open; delete finished ones")
         limit = StepLimit(**req.step_limit.model_dump()) if req.step_limit else None
-        episode = Episode(episode_id, task, req.mode, interface, config.episode, limit)
-        store.add(episode)
+        handle = Handle(episode_id, -1, task.id, req.mode, interface, limit)
+        store.add(handle)
+        try:
+            messages, tools = await pool.create(handle)
+        except BaseException:
+            store.remove(episode_id)
+            raise
         counters["created"] += 1
+        step_limit = limit or config.episode.step_limit
         return _reply(
             p.CreateReply,
             {
                 "episode_id": episode_id,
-                "messages": episode.initial_messages(),
-                "tools": episode.presented_tools(),
+                "messages": messages,
+                "tools": tools,
                 "info": {
                     "category": task.category,
                     "num_turns": task.num_turns,
                     "mode": req.mode,
                     "interface_version": interface.version,
-                    "step_limit": {
-                        "scope": episode.step_limit.scope,
-                        "max_steps": episode.step_limit.max_steps,
-                    },
+                    "step_limit": {"scope": step_limit.scope, "max_steps": step_limit.max_steps},
                 },
             },
             201,
@@ -229,24 +248,27 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
     @app.post("/episodes/{episode_id}/step")
     async def step_episode(episode_id: str, request: Request) -> Response:
         req = _parse(p.StepRequest, await request.body())
-        episode = episode_or_404(episode_id)
+        handle = episode_or_404(episode_id)
         try:
-            return _reply(p.StepReply, episode.step(req.content))
+            return _reply(p.StepReply, await pool.step(handle, req.content))
         except EpisodeStateError as exc:
             raise ApiError("episode_finished", str(exc)) from None
 
     @app.post("/episodes/{episode_id}/evaluate")
     async def evaluate_episode(episode_id: str) -> Response:
-        episode = episode_or_404(episode_id)
-        first = episode.result is None
-        result = episode.evaluate()
+        handle = episode_or_404(episode_id)
+        first = not handle.evaluated
+        result = await pool.evaluate(handle)
+        handle.evaluated = True
         counters["evaluated"] += first
         return _reply(p.EvaluateReply, result)
 
     @app.delete("/episodes/{episode_id}")
     async def delete_episode(episode_id: str) -> Response:
-        if not store.remove(episode_id):
+        handle = store.get(episode_id)
+        if handle is None or not store.remove(episode_id):
             raise ApiError("unknown_episode", f"no open episode {episode_id!r}")
+        await pool.drop(handle)
         counters["deleted"] += 1
         return Response(status_code=204)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from env_service.budget import Budget
+
 
 @dataclass(frozen=True)
 class StepLimit:
@@ -31,6 +33,8 @@ class EpisodeConfig:
     # The release's revealed docs carried " Note that the provided function is in Python 3 syntax." because a
     # BFCL helper mutated them in place (docs/release_behaviour.md §4.4). Off = the bug fixed; on = the release's text.
     release_reveal_note: bool = False
+    # The cost budget of one action (ours; env_service/budget.py, docs/env_service.md "Cost limits").
+    budget: Budget = field(default_factory=Budget)
 
 
 @dataclass(frozen=True)
@@ -42,3 +46,9 @@ class ServiceConfig:
     max_episodes: int = 20_000  # open episodes before new ones are refused with 503 (ours)
     token: str | None = None  # bearer token, required when set (recommended when not on loopback)
     split_file: str | None = None  # default: data/bfcl_split.json
+    # Worker processes that run BFCL code under the budget's deadline and memory limit (0: in the service's own
+    # process, where only the guards and the reply limit hold — for debugging). (ours)
+    workers: int = 4
+    # Open connections beyond this are refused at accept (the health check keeps answering). (ours)
+    max_connections: int = 512
+    header_timeout_s: float = 10.0  # a request's headers and body must arrive within this (ours)

@@ -17,11 +17,12 @@ from typing import Any
 
 from env_service import interface as iface
 from env_service import vocab
+from env_service.budget import BudgetExceeded, budget_message
 from env_service.calls import is_valid_argument_name
 from env_service.config import EpisodeConfig, StepLimit
 from env_service.executor import ToolExecutor
-from env_service.grading import grade
-from env_service.parser import parse_tool_calls
+from env_service.grading import grade, over_budget_result
+from env_service.parser import echo, parse_tool_calls
 from env_service.prompts import rejected_call_message, reveal_message, system_prompt, tool_response
 from env_service.tasks import Task
 from env_service.tool_errors import is_error_result
@@ -61,6 +62,7 @@ class Episode:
         self.completed = False
         self.end_reason: str | None = None
         self.result: dict[str, Any] | None = None
+        self.over_budget: tuple[str, str] | None = None  # (limit, detail) an action broke (env_service/budget.py)
         self.last_access = time.monotonic()
 
     # --- rendering -------------------------------------------------------------------------------------
@@ -97,7 +99,12 @@ class Episode:
             turn.steps.append(Step(vocab.PARSE_ERROR, error=parsed.error))
             observation = rejected_call_message(parsed.error) + self._hint(vocab.PARSE_ERROR, parsed.error)
         elif parsed.calls:
-            observation, error_type = self._execute(parsed.calls, turn)
+            try:
+                if len(parsed.calls) > self.config.budget.max_calls:
+                    raise BudgetExceeded("calls", f"the message makes more than {self.config.budget.max_calls} calls.")
+                observation, error_type = self._execute(parsed.calls, turn)
+            except BudgetExceeded as exc:
+                return self.end_over_budget(exc, [c["name"] for c in parsed.calls])
         else:
             turn.steps.append(Step("text"))
             observation = self._advance_turn()
@@ -124,21 +131,23 @@ class Episode:
             )
             # Only names of public BFCL methods ever reach the executor (and, later, BFCL's checker).
             if not callable_now or not self.executor.knows(name):
-                reason = f"'{name}' is not an available tool"
+                reason = f"'{echo(name)}' is not an available tool"
                 turn.steps.append(Step(vocab.UNAVAILABLE_TOOL, attempted=names, error=reason))
                 return rejected_call_message(reason) + self._hint(vocab.UNAVAILABLE_TOOL, reason, name), (
                     vocab.UNAVAILABLE_TOOL
                 )
             bad = [k for k in call["arguments"] if not is_valid_argument_name(k)]
             if bad:
-                reason = f"argument name {bad[0]!r} of '{name}' is not a valid identifier"
+                reason = f"argument name {echo(bad[0])!r} of '{name}' is not a valid identifier"
                 turn.steps.append(Step(vocab.PARSE_ERROR, attempted=names, error=reason))
                 return rejected_call_message(reason) + self._hint(
                     vocab.PARSE_ERROR, reason, name
                 ), vocab.PARSE_ERROR
         accepted, parts, error_type = [], [], None
+        reply_left = self.config.budget.reply_bytes
         for call in calls:
-            result = self.executor.call(call["name"], call["arguments"])
+            result = self.executor.call(call["name"], call["arguments"], reply_left)
+            reply_left -= len(result)
             failed = is_error_result(result)
             accepted.append(AcceptedCall(call["name"], call["arguments"], result, failed))
             part = tool_response(result)
@@ -150,6 +159,19 @@ class Episode:
             parts.append(part)
         turn.steps.append(Step("calls", calls=accepted, attempted=names))
         return "".join(parts), error_type
+
+    def end_over_budget(self, exc: BudgetExceeded, attempted: list[str] | None = None) -> dict[str, Any]:
+        """End the episode after an action over the cost budget; returns the step reply the model gets."""
+        if self.over_budget is None:  # idempotent: a rebuilt episode may be ended twice
+            self.done, self.end_reason, self.over_budget = True, "budget_exceeded", (exc.limit, exc.detail)
+            self.turns[self.turn].steps.append(Step(vocab.BUDGET_EXCEEDED, attempted=attempted or [], error=exc.detail))
+            self.executor = None  # its instances may hold what the action allocated
+        return {
+            "observation": {"role": "user", "content": budget_message(exc)},
+            "done": True,
+            "turn": self.turn,
+            "info": {"error_type": vocab.BUDGET_EXCEEDED, "end_reason": self.end_reason, "steps": self.steps_total},
+        }
 
     def _advance_turn(self) -> str | None:
         self.turn += 1
@@ -183,7 +205,10 @@ class Episode:
         if self.result is None:
             self.done = True
             started = time.perf_counter()
-            self.result = grade(self.task, self.turns, self.completed)
+            try:
+                self.result = grade(self.task, self.turns, self.completed, self.over_budget is not None)
+            except BudgetExceeded as exc:
+                self.result = over_budget_result(self.task, self.turns, self.completed, exc.detail)
             self.result["grade_ms"] = (time.perf_counter() - started) * 1000
             self.result["end_reason"] = self.end_reason or "evaluated_early"
             self.result["steps"] = self.steps_total

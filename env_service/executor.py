@@ -16,23 +16,46 @@ from functools import cache
 from typing import Any
 
 from env_service.bfcl import BFCL_FORBIDDEN_NAMES, CLASS_FILE_PATH_MAPPING, STATELESS_CLASSES
+from env_service.budget import BudgetExceeded
+from env_service.isolation import isolate_class
 from env_service.tool_errors import ERROR_PREFIX
 
 # Arguments that make a single call run for minutes (e.g. power(10, 10**9) computes a billion-digit integer)
 # and would stall the whole service. The official harness has no guard; these bounds are far above any value
-# in BFCL's data and are reported to the model like any other execution error. (ours)
+# in BFCL's data. A guarded call is over the action's cost budget (env_service/budget.py). (ours)
 RESOURCE_GUARDS: dict[tuple[str, str], int] = {
     ("power", "exponent"): 10_000,
     ("square_root", "precision"): 10_000,
     ("round_number", "decimal_places"): 10_000,
     ("logarithm", "precision"): 10_000,
 }
+MAX_POWER_BITS = 1_000_000  # an integer power with a longer result (~300,000 digits) is refused
+MESSAGE_ID_SPACE = 90_000  # MessageAPI draws ids from randint(10000, 99999) until it finds an unused one
+
+
+def guard(instance: Any, name: str, arguments: dict[str, Any]) -> None:
+    """Refuse a known-expensive call before it runs (raises ``BudgetExceeded``). Applied wherever our executor
+    runs BFCL code: at step and in the per-turn replay at grading; BFCL's checker never sees a refused call."""
+    for key, value in arguments.items():
+        bound = RESOURCE_GUARDS.get((name, key))
+        if bound is not None and isinstance(value, (int, float)) and abs(value) > bound:
+            raise BudgetExceeded("guard", f"argument '{key}' of '{name}' is above {bound}.")
+    if name == "power":
+        base, exponent = arguments.get("base"), arguments.get("exponent")
+        if type(base) is int and type(exponent) is int and base.bit_length() * exponent > MAX_POWER_BITS:
+            raise BudgetExceeded("guard", f"'power' would compute an integer of more than {MAX_POWER_BITS} bits.")
+    # BFCL's id generator loops forever once its 90,000 ids are used up (reachable within the step limit with
+    # parallel calls); the call is refused before that.
+    used = getattr(instance, "generated_ids", None)
+    if name == "send_message" and isinstance(used, set) and len(used) >= MESSAGE_ID_SPACE - 1:
+        raise BudgetExceeded("guard", "'send_message' has used up the message id space.")
 
 
 @cache
 def tool_class(class_name: str) -> type:
+    """A BFCL tool class, isolated on first use (``env_service.isolation``): no instance shares module data."""
     module = importlib.import_module(CLASS_FILE_PATH_MAPPING[class_name])
-    return getattr(module, class_name)
+    return isolate_class(getattr(module, class_name))
 
 
 @cache
@@ -82,19 +105,27 @@ class ToolExecutor:
     def method(self, name: str) -> Any:
         return getattr(self.instances[self.owner[name]], name)
 
-    def call(self, name: str, arguments: dict[str, Any]) -> str:
-        """Execute one validated call; the result or error text is exactly what BFCL's executor produces."""
+    def call(self, name: str, arguments: dict[str, Any], reply_bytes: int | None = None) -> str:
+        """Execute one validated call; the result or error text is exactly what BFCL's executor produces.
+
+        Raises ``BudgetExceeded`` for a known-expensive call (``guard``), a memory error, or a result longer
+        than ``reply_bytes``."""
         if name not in self.owner:
             raise KeyError(name)  # callers validate names first; this is a programming error
+        instance = self.instances[self.owner[name]]
         try:
             if name in BFCL_FORBIDDEN_NAMES:
                 raise Exception(f"Function call {name} is not allowed.")
-            for key, value in arguments.items():
-                bound = RESOURCE_GUARDS.get((name, key))
-                if bound is not None and isinstance(value, (int, float)) and abs(value) > bound:
-                    raise Exception(f"argument '{key}' exceeds the service's resource guard ({bound}).")
+            guard(instance, name, arguments)
             # BFCL's methods keep argument objects (post_tweet stores `mentions`; mention() later extends it),
             # so each execution gets its own copy: recorded calls and cached ground truth never change.
-            return format_result(self.method(name)(**copy.deepcopy(arguments)))
+            result = format_result(getattr(instance, name)(**copy.deepcopy(arguments)))
+        except BudgetExceeded:
+            raise
+        except MemoryError:  # the worker's address-space limit (env_service/workers.py)
+            raise BudgetExceeded("memory", f"'{name}' ran out of the memory allowed to one action.") from None
         except Exception as exc:  # BFCL turns every exception into an observation, so do we
-            return f"{ERROR_PREFIX}{exc}"
+            result = f"{ERROR_PREFIX}{exc}"
+        if reply_bytes is not None and len(result) > reply_bytes:
+            raise BudgetExceeded("reply", f"the result of '{name}' is longer than {reply_bytes} characters.")
+        return result

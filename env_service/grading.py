@@ -19,7 +19,7 @@ from typing import Any
 from env_service import vocab
 from env_service.bfcl import multi_turn_checker, multi_turn_utils, response_checker, state_checker
 from env_service.diagnosis import label_turn
-from env_service.executor import ToolExecutor
+from env_service.executor import ToolExecutor, tool_class
 from env_service.tasks import Task
 from env_service.trajectory import Turn
 
@@ -37,6 +37,8 @@ def official_verdict(task: Task, model_turns: list[list[list[str]]]) -> dict[str
     # BFCL keeps instances in its module globals under keys derived from the model name; a fresh name keeps
     # this grading independent of every other one, and the keys are removed afterwards.
     model_name = f"seal_{uuid.uuid4().hex}"
+    for class_name in task.involved_classes:
+        tool_class(class_name)  # isolated before BFCL's checker builds its own instances
     try:
         result = multi_turn_checker(
             model_turns, task.ground_truth, task.test_entry, task.category, model_name
@@ -97,6 +99,9 @@ def per_turn_diagnosis(task: Task, turns: list[Turn]) -> dict[str, Any]:
                 not gt_calls, len(calls), model_ex, gt_ex, all_model_results, gt_results, t
             )
         label = label_turn(task, t, tag, turn)
+        if turn is not None and turn.count(vocab.BUDGET_EXCEEDED):
+            # The turn's last action went over the cost budget: a refused action, the model's failure.
+            tag, label = vocab.BUDGET_EXCEEDED, vocab.INVALID_TOOL_CALL
         tags.append(tag)
         labels.append(label)
         details.append(
@@ -135,10 +140,23 @@ def per_turn_diagnosis(task: Task, turns: list[Turn]) -> dict[str, Any]:
     }
 
 
-def grade(task: Task, turns: list[Turn], completed: bool) -> dict[str, Any]:
-    """The ``evaluate`` reply for an episode whose recorded turns are ``turns``."""
+OVER_BUDGET = "multi_turn:budget_exceeded"
+
+
+def grade(task: Task, turns: list[Turn], completed: bool, over_budget: bool = False) -> dict[str, Any]:
+    """The ``evaluate`` reply for an episode whose recorded turns are ``turns``.
+
+    ``over_budget``: an action of the episode exceeded the cost budget and ended it; the verdict is a failure
+    without running BFCL's checker (which would replay the calls unguarded)."""
     model_turns = [turn.call_steps() for turn in turns]
-    official = official_verdict(task, model_turns)
+    if over_budget:
+        official = {
+            "valid": False,
+            "error_type": OVER_BUDGET,
+            "error_message": "an action exceeded the service's cost budget and ended the episode",
+        }
+    else:
+        official = official_verdict(task, model_turns)
     diagnosis = per_turn_diagnosis(task, turns)
     # Cross-check: BFCL's verdict and our per-turn pass replay the same calls, so a valid verdict must have no
     # failing scorable turn and vice versa (for a full-length trajectory). Disagreement flags a harness issue.
@@ -148,7 +166,7 @@ def grade(task: Task, turns: list[Turn], completed: bool) -> dict[str, Any]:
         if len(model_turns) == len(task.ground_truth)
         else (not official["valid"])
     )
-    official["consistent_with_turns"] = consistent
+    official["consistent_with_turns"] = consistent or over_budget
     return {
         "task_id": task.id,
         "category": task.category,
@@ -158,4 +176,47 @@ def grade(task: Task, turns: list[Turn], completed: bool) -> dict[str, Any]:
         "turns_reached": len(turns),
         **diagnosis,
         "official": official,
+    }
+
+
+def over_budget_result(task: Task, turns: list[Turn], completed: bool, detail: str) -> dict[str, Any]:
+    """The ``evaluate`` reply when grading itself went over the cost budget: a failure, every turn tagged
+    ``budget_exceeded`` (grading replays the model's calls, so the cost is the trajectory's)."""
+    n = task.num_turns
+    details = [
+        {
+            "index": t,
+            "reached": t < len(turns),
+            "tag": vocab.BUDGET_EXCEEDED,
+            "label": vocab.INVALID_TOOL_CALL,
+            "gt_calls": len(task.gt_calls[t]),
+            "model_calls": len(turns[t].accepted_calls()) if t < len(turns) else 0,
+            "parse_errors": turns[t].count(vocab.PARSE_ERROR) if t < len(turns) else 0,
+            "unavailable_calls": turns[t].count(vocab.UNAVAILABLE_TOOL) if t < len(turns) else 0,
+            "tool_errors": sum(c.is_error for c in turns[t].accepted_calls()) if t < len(turns) else 0,
+            "state_ok": None,
+            "response_ok": None,
+        }
+        for t in range(n)
+    ]
+    scorable = sum(d["gt_calls"] > 0 for d in details)
+    return {
+        "task_id": task.id,
+        "category": task.category,
+        "accuracy": 0.0,
+        "completed": completed,
+        "num_turns": n,
+        "turns_reached": len(turns),
+        "failure_tags": [d["tag"] for d in details],
+        "paper_labels": [d["label"] for d in details],
+        "turns": details,
+        "counts": {"passed": 0, "scorable": scorable, "passed_irrelevance": 0, "irrelevance": n - scorable},
+        "progress": 0.0,
+        "progress_with_irrelevance": 0.0,
+        "official": {
+            "valid": False,
+            "error_type": OVER_BUDGET,
+            "error_message": f"grading exceeded the service's cost budget: {detail}",
+            "consistent_with_turns": True,
+        },
     }

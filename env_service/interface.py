@@ -441,6 +441,8 @@ def _tool_hint(family: str, tool: str, error_text: str) -> str:
     )
 
 
+MAX_MATCHED_CHARS = 2_000  # error text matched against the hint rules (ours: bounds the regex work)
+
 # Parse-error causes (our parser's messages and the release's are both matched by keywords).
 _PARSE_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
     (
@@ -509,7 +511,9 @@ def error_feedback(
     name = _clean_name(function_name)
 
     if kind == PARSE_ERROR:
-        lines = [f"{HINT_PREFIX} {text}" for rule, text in _PARSE_RULES if rule.search(message)][:1]
+        # Some rules backtrack (quadratic on adversarial text); a bounded head of the message keeps them cheap.
+        head = message[:MAX_MATCHED_CHARS]
+        lines = [f"{HINT_PREFIX} {text}" for rule, text in _PARSE_RULES if rule.search(head)][:1]
         lines.append(f"{HINT_PREFIX} {_PARSE_FORMAT_LINE}")
         return "\n".join(lines)
 

@@ -327,6 +327,10 @@ def parse_cue(obj: Any, index: int) -> Cue:
 # Requests
 # =====================================================================================================
 
+# The environment variable holding the service's bearer token: read by the service (``--token`` default) and by
+# every client of the project (seal.rollout.client.EnvClient, hence both engines and the evaluation).
+TOKEN_ENV = "SEAL_ENV_TOKEN"
+
 Mode = Literal["train", "eval"]
 EPISODE_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,128}$"
 
@@ -386,8 +390,10 @@ class StatsReply(_Reply):
     created_total: int
     evaluated_total: int
     deleted_total: int
-    rss_bytes: int
+    rss_bytes: int  # the service and its worker processes
     split_sizes: dict[str, int]
+    budget_refusals_total: int = 0  # actions over the cost budget (docs/env_service.md, "Cost limits")
+    worker_restarts_total: int = 0  # worker processes killed for breaking the budget and rebuilt
 
 
 class Message(_Reply):
@@ -424,8 +430,8 @@ class CreateReply(_Reply):
 
 
 class StepInfo(_Reply):
-    error_type: Literal["parse_error", "unavailable_tool", "tool_error"] | None
-    end_reason: Literal["completed", "step_limit"] | None
+    error_type: Literal["parse_error", "unavailable_tool", "tool_error", "budget_exceeded"] | None
+    end_reason: Literal["completed", "step_limit", "budget_exceeded"] | None
     steps: int
 
 
@@ -490,7 +496,7 @@ class EvaluateReply(_Reply):
     progress_with_irrelevance: float
     official: OfficialVerdict
     grade_ms: float
-    end_reason: Literal["completed", "step_limit", "evaluated_early"]
+    end_reason: Literal["completed", "step_limit", "evaluated_early", "budget_exceeded"]
     steps: int
 
 

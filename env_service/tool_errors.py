@@ -17,6 +17,7 @@ from typing import Any
 
 ERROR_PREFIX = "Error during execution: "
 MAX_LITERAL_PARSE_CHARS = 20_000  # tool results longer than this are not literal-parsed for errors
+MAX_CLASSIFIED_CHARS = 4_000  # head of an error message matched against the family rules
 
 
 def _error_in(value: Any) -> str | None:
@@ -137,7 +138,8 @@ _FAMILY_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
 
 def classify_tool_error(error_text: str) -> str:
     """The family (one of ``TOOL_ERROR_FAMILIES``) of a tool error message (not the whole result)."""
-    low = error_text.strip().lower()
+    # The head of the message carries the family's keywords; bounding it keeps matching cheap on any text.
+    low = error_text[:MAX_CLASSIFIED_CHARS].strip().lower()
     for family, rule in _FAMILY_RULES:
         if rule.search(low):
             return family

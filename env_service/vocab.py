@@ -25,6 +25,8 @@ STATE_MISMATCH = "state_mismatch"
 RESPONSE_MISMATCH = "response_mismatch"
 CHECKER_ERROR = "checker_error"
 GT_ERROR = "gt_error"
+# ours: an action went over the service's cost budget (env_service/budget.py); the model's fault, a failure
+BUDGET_EXCEEDED = "budget_exceeded"
 
 PROGRESS_TAGS: tuple[str, ...] = (
     PASS,
@@ -36,6 +38,7 @@ PROGRESS_TAGS: tuple[str, ...] = (
     RESPONSE_MISMATCH,
     CHECKER_ERROR,
     GT_ERROR,
+    BUDGET_EXCEEDED,
 )
 
 # Tags that describe the harness, not the policy: A-Patch and the capability state ignore them.
@@ -69,7 +72,7 @@ VOCABULARIES: dict[str, tuple[str, ...]] = {
 PARSE_ERROR = "parse_error"
 UNAVAILABLE_TOOL = "unavailable_tool"
 TOOL_ERROR = "tool_error"
-STEP_ERROR_TYPES: tuple[str, ...] = (PARSE_ERROR, UNAVAILABLE_TOOL, TOOL_ERROR)
+STEP_ERROR_TYPES: tuple[str, ...] = (PARSE_ERROR, UNAVAILABLE_TOOL, TOOL_ERROR, BUDGET_EXCEEDED)
 
 CATEGORIES: tuple[str, ...] = (
     "multi_turn_base",

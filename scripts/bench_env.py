@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import time
 from collections import defaultdict
@@ -24,7 +25,13 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 
 from env_service.process import running_service  # noqa: E402
+from env_service.protocol import TOKEN_ENV  # noqa: E402
 from env_service.tasks import ground_truth_replies, split_ids  # noqa: E402
+
+
+def auth_headers() -> dict[str, str]:
+    token = os.environ.get(TOKEN_ENV)
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def pct(values: list[float], q: float) -> float:
@@ -44,7 +51,8 @@ async def replay_load(url: str, task_ids: list[str], concurrency: int) -> dict:
     # aiohttp, not httpx, generates the load: on 2 shared cores httpx's per-request CPU cost at 32 concurrent
     # connections dominates the measurement (measured: ~20 episodes/s from httpx vs ~150 from aiohttp).
     connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(url, connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as client:
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(url, connector=connector, timeout=timeout, headers=auth_headers()) as client:
 
         async def timed(route: str, method: str, path: str, **kw) -> dict | None:
             t0 = time.perf_counter()
@@ -82,7 +90,7 @@ async def replay_load(url: str, task_ids: list[str], concurrency: int) -> dict:
 
 
 async def rss_per_episode(url: str, task_ids: list[str], n: int) -> float:
-    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=60, headers=auth_headers()) as client:
         before = (await client.get("/stats")).json()["rss_bytes"]
         ids = []
         for i in range(n):
@@ -102,6 +110,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--tasks", type=int, default=400, help="how many eval tasks to replay per setting")
     parser.add_argument("--rss-episodes", type=int, default=500)
+    parser.add_argument("--service-args", default="", help="extra service arguments ('--workers 0')")
     args = parser.parse_args()
 
     def run(url: str) -> None:
@@ -110,7 +119,7 @@ def main() -> None:
         ids = split_ids("all")
         base = [t for t in ids if "long_context" not in t]
         long = [t for t in ids if "long_context" in t]
-        start_rss = httpx.get(f"{url}/stats").json()["rss_bytes"] / 2**20
+        start_rss = httpx.get(f"{url}/stats", headers=auth_headers()).json()["rss_bytes"] / 2**20
         per = asyncio.run(rss_per_episode(url, base, args.rss_episodes))
         per_long = asyncio.run(rss_per_episode(url, long, args.rss_episodes))
         print(
@@ -132,13 +141,13 @@ def main() -> None:
                 f"{pct(lat['evaluate'], 0.5):>7.2f}/{pct(lat['evaluate'], 0.99):<7.2f} "
                 f"{statistics.median(r['grade_ms']):>12.2f} {int(r['accuracy']):>4}/{r['episodes']}"
             )
-        rss = httpx.get(f"{url}/stats").json()["rss_bytes"] / 2**20
+        rss = httpx.get(f"{url}/stats", headers=auth_headers()).json()["rss_bytes"] / 2**20
         print(f"service RSS after the runs: {rss:.0f} MB")
 
     if args.url:
         run(args.url)
     else:
-        with running_service() as (url, _):
+        with running_service(args.service_args.split()) as (url, _):
             run(url)
 
 

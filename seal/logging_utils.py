@@ -68,12 +68,25 @@ def plain_number(value: Any) -> Any:
 
 
 def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """All lines of a metrics JSONL file."""
+    """All lines of a metrics JSONL file. A damaged line (a run killed mid-write) is skipped with a warning
+    naming the file and line, so that it never blocks a resume."""
     path = Path(path)
     if not path.is_file():
         return []
-    with open(path, encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+    rows = []
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                row = None
+            if not isinstance(row, dict) or not isinstance(row.get("step", 0), int):
+                logging.getLogger(__name__).warning("%s:%d: damaged metrics line skipped", path, number)
+                continue
+            rows.append(row)
+    return rows
 
 
 def metrics_row(metrics: Mapping[str, Any], step: int) -> dict[str, Any]:

@@ -192,13 +192,36 @@ class RunDir:
         return self.root / EVAL_DIR / name
 
     def latest_checkpoint(self) -> Path | None:
-        """The checkpoint `checkpoints/latest.json` names, if it exists."""
+        """The checkpoint a run resumes from (``trainer.resume: auto``), never silently none.
+
+        ``checkpoints/latest.json`` names it. A pointer that cannot be read fails with a message naming the
+        file; a pointer to a missing folder resumes from the newest complete checkpoint (one with
+        ``seal_state.json``), saying so, and fails naming the file if there is none — a fresh start would
+        overwrite the earlier run's checkpoints and metrics. Without a pointer, checkpoints present are
+        resumed the same way (newest complete one); None only for a run directory without checkpoints."""
         pointer = self.checkpoints.latest_file
+        complete = {
+            step: path for step, path in self.checkpoints.saved_steps().items() if (path / SEAL_STATE_FILE).is_file()
+        }
+        newest = complete[max(complete)] if complete else None
         if not pointer.is_file():
-            return None
-        entry = json.loads(pointer.read_text(encoding="utf-8"))
+            if newest is not None:
+                log.warning("%s is missing; resuming from the newest complete checkpoint %s", pointer, newest)
+            return newest
+        entry = _read_pointer(pointer)
+        if not isinstance(entry.get("path"), str):
+            raise ValueError(f"{pointer}: expected a string 'path'")
         path = self.root / entry["path"]
-        return path if path.is_dir() else None
+        if path.is_dir():
+            return path
+        if newest is not None:
+            log.warning("%s names %s, which is missing; resuming from the newest complete "
+                        "checkpoint %s", pointer, path, newest)
+            return newest
+        raise FileNotFoundError(
+            f"{pointer} names {path}, which is missing, and no other checkpoint is complete. "
+            "Restore it, or set trainer.resume=disable to start afresh (this replaces the run's metrics)."
+        )
 
 
 # --------------------------------------------------------------------------- checkpoint selection

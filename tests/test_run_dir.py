@@ -53,8 +53,17 @@ def test_pointers_round_trip_in_todays_format(tmp_path):
     ckpts.write_latest(4)
     assert json.loads(ckpts.latest_file.read_text()) == {"step": 4, "path": "checkpoints/step_4"}
     assert run.latest_checkpoint() == ckpts.step_dir(4)
-    ckpts.write_latest(5)  # a pointer to a folder that is gone: nothing to resume from
-    assert run.latest_checkpoint() is None
+    ckpts.write_latest(5)  # a pointer to a folder that is gone, no complete checkpoint: fails naming the file
+    with pytest.raises(FileNotFoundError, match="latest.json names .*step_5"):
+        run.latest_checkpoint()
+    (ckpts.step_dir(4) / R.SEAL_STATE_FILE).write_text("{}")  # step 4 is complete: resumed, with a warning
+    assert run.latest_checkpoint() == ckpts.step_dir(4)
+    ckpts.latest_file.write_text('{"step": ')  # a damaged pointer fails naming the file
+    with pytest.raises(ValueError, match="latest.json"):
+        run.latest_checkpoint()
+    ckpts.latest_file.unlink()  # no pointer but checkpoints: the newest complete one, never a fresh run
+    assert run.latest_checkpoint() == ckpts.step_dir(4)
+    ckpts.write_latest(4)
     record = R.best_record(4, R.Checkpoints.ref(4), R.BEST_METRIC, 0.25)
     ckpts.write_best(record)
     assert json.loads(ckpts.best_file.read_text()) == {"step": 4, "path": "checkpoints/step_4",

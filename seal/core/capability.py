@@ -363,9 +363,16 @@ class CapabilityState:
                                       float(s["partial_count"])]
             return out
 
-        self._total = parse(state["total"])
-        self._window = parse(state["window"])
-        self._weights = {str(k): float(v) for k, v in state["dynamic_weights"].items()}
+        weights = {str(k): float(v) for k, v in state["dynamic_weights"].items()}
+        bad = {k: v for k, v in weights.items() if not (math.isfinite(v) and v > 0)}
+        if bad:  # a NaN or negative weight would silently flip or erase advantages (A-Patch keeps the sign)
+            raise ValueError(f"capability state has invalid dynamic weights (not finite and positive): {bad}")
+        total, window = parse(state["total"]), parse(state["window"])
+        stats = [x for buckets in (total, window) for table in buckets.values() for row in table.values() for x in row]
+        if not all(math.isfinite(x) for x in stats):
+            raise ValueError("capability state has non-finite statistics")
+        self._total, self._window = total, window
+        self._weights = weights
         self._task_info = {k: {**v, "dominant_tags": dict(v["dominant_tags"])} for k, v in state["tasks"].items()}
         self.observe_count = int(state["observe_count"])
         self.last_step = state.get("last_step")

@@ -253,5 +253,14 @@ class SealController:
         path = Path(directory) / STATE_FILE
         if not path.is_file():
             raise FileNotFoundError(f"no {STATE_FILE} in {directory}")
-        with open(path, encoding="utf-8") as fh:
-            self.load_state_dict(json.load(fh), force=force)
+        try:
+            with open(path, encoding="utf-8") as fh:
+                state = json.load(fh)
+            self.load_state_dict(state, force=force)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: damaged seal state ({exc})") from None
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"{path}: damaged seal state (missing or mistyped {exc})") from None
+        except ValueError as exc:  # every refusal names the file (RunMismatchError keeps its type)
+            exc.args = (f"{path}: {exc}", *exc.args[1:])
+            raise

@@ -69,6 +69,10 @@ CUE_TEXTS: dict[str, str] = {
         "If a listed tool can do what the user asked, make the call in this turn; "
         "describing the action in text does not carry it out."
     ),
+    vocab.BUDGET_EXCEEDED: (  # ours: the env service's cost budget (env_service/budget.py)
+        "Keep every call to the size the request needs: a call that does huge work or returns huge "
+        "output ends the episode."
+    ),
     vocab.INSTANCE_MISMATCH: (
         "Work with the service the request is about; leave the tools of other services alone "
         "unless the request needs them."

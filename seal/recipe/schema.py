@@ -85,6 +85,12 @@ class EnvConfig:
     max_retries: int = knob(3, source="ours", ge=0, help="client retries of a failed request")
     max_restarts: int = knob(2, source="ours", ge=0,
                              help="episode restarts on infrastructure failure, then the episode is excluded")
+    token_env: str = knob("SEAL_ENV_TOKEN", source="ours",
+                          help="environment variable holding the env service's bearer token (the token itself "
+                               "never goes into the recipe or the run directory)")
+    max_infra_loss: float = knob(0.5, source="ours", ge=0, le=1,
+                                 help="share of a step's episodes lost to the env service (after retries and "
+                                      "restarts) above which the run stops with an error")
 
 
 @dataclass(frozen=True)

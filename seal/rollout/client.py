@@ -38,6 +38,7 @@ import asyncio
 import enum
 import itertools
 import logging
+import os
 import random
 import ssl
 import uuid
@@ -55,6 +56,13 @@ log = logging.getLogger(__name__)
 
 # Transport errors raised before the request was handed to the server: resending cannot duplicate.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+
+
+def export_token(variable: str) -> None:
+    """Make the token held in ``$variable`` (the recipe's ``env.token_env``) the one every client and the started
+    service read (``$SEAL_ENV_TOKEN``); processes started later (Ray workers, the service) inherit it."""
+    if variable != p.TOKEN_ENV and os.environ.get(variable):
+        os.environ[p.TOKEN_ENV] = os.environ[variable]
 
 
 class EnvClientError(Exception):
@@ -172,7 +180,7 @@ class EnvClient:
         timeout: seconds per request (connect timeout is min(timeout, 10)).
         max_retries: retries after the first attempt (so at most ``max_retries + 1`` attempts).
         backoff: base delay in seconds; attempt k waits ``backoff * 2**k`` times a jitter in [0.5, 1].
-        token: optional bearer token sent as ``Authorization: Bearer <token>``.
+        token: bearer token sent as ``Authorization: Bearer <token>``; None = ``$SEAL_ENV_TOKEN`` if set.
         max_connections: connections in total, shared by all replicas (one per concurrent request).
         pool_size: connections per httpx pool when an httpx transport is given. httpcore's pool
             bookkeeping on each request grows with the square of the pool size (one 256-connection
@@ -205,6 +213,8 @@ class EnvClient:
         self.base_urls = [u.rstrip("/") for u in urls]
         self.max_retries = max_retries
         self.backoff = backoff
+        if token is None:  # every client of the project authenticates the same way (docs/env_service.md)
+            token = os.environ.get(p.TOKEN_ENV) or None
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         if transport is None:
             # aiohttp carries the bytes (seal/rollout/transport.py: half the CPU per request); one pool.

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -395,6 +395,32 @@ async def play_episode(
             log.warning("episode of %s excluded: %s", task_id, exc)
             return _excluded(task_id, mode, interface, exc.reason, exc.detail, attempt + 1)
     return _excluded(task_id, mode, interface, "infrastructure", last_error, max_restarts + 1)
+
+
+# Exclusion reasons that mean the env service, not the policy, lost the episode (after the bounded restarts).
+INFRA_REASONS = frozenset({"infrastructure", "env_protocol"})
+
+
+class EnvServiceLost(RuntimeError):
+    """Too many of a step's episodes were lost to the env service: the run stops (non-zero exit)."""
+
+
+def check_infra_loss(samples: Sequence[Any], max_share: float, where: Any = "the env service") -> None:
+    """Raise ``EnvServiceLost`` when more than ``max_share`` of a step's episodes were lost to the env service.
+
+    ``samples``: the step's ``Rollout`` objects or their ``extras()`` dicts. Training on the rest would look like
+    a run (exit 0, every metric present) while learning from a biased few episodes, or from none."""
+    def reason(sample: Any) -> str | None:
+        return sample.get("exclude_reason") if isinstance(sample, Mapping) else getattr(sample, "exclude_reason", None)
+
+    samples = [s for s in samples if s is not None]
+    lost = sum(reason(s) in INFRA_REASONS for s in samples)
+    if samples and lost / len(samples) > max_share:
+        raise EnvServiceLost(
+            f"{lost} of {len(samples)} episodes of this step were lost to the env service at {where} after "
+            f"retries and restarts (more than env.max_infra_loss = {max_share:.0%}); stopping the run. "
+            "Check the env service's log (run directory: env_service.log)."
+        )
 
 
 def _excluded(task_id: str, mode: str, interface: dict | None, reason: str, detail: str, attempts: int) -> Rollout:

@@ -10,6 +10,7 @@ import pytest
 
 from env_service import vocab
 from env_service.bfcl import execute_multi_turn_func_call, multi_turn_checker, multi_turn_utils
+from env_service.budget import BudgetExceeded
 from env_service.config import EpisodeConfig, StepLimit
 from env_service.episode import Episode, EpisodeStateError
 from env_service.executor import ToolExecutor
@@ -139,7 +140,12 @@ def test_executor_error_text_matches_bfcl():
 def test_executor_resource_guard():
     task = next(t for t in TASKS.values() if "MathAPI" in t.involved_classes)
     ex = ToolExecutor(task.involved_classes, task.initial_config, False)
-    assert ex.call("power", {"base": 10, "exponent": 10**9}).startswith("Error during execution: ")
+    # a known-expensive call is over the action's cost budget (the episode ends; tests/env_service/test_budget.py)
+    with pytest.raises(BudgetExceeded) as info:
+        ex.call("power", {"base": 10, "exponent": 10**9})
+    assert info.value.limit == "guard"
+    with pytest.raises(BudgetExceeded):
+        ex.call("power", {"base": 7**5000, "exponent": 9_000})  # a huge base passed the old guard
     assert json.loads(ex.call("power", {"base": 2, "exponent": 10}))["result"] == 1024
 
 

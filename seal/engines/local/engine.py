@@ -39,7 +39,7 @@ from seal.engines.batching import compute_grpo_advantages, group_uids, rollouts_
 from seal.engines.data import Task, load_tasks
 from seal.logging_utils import MetricsLogger, progress
 from seal.rollout.client import EnvClient
-from seal.rollout.episode import EpisodeRequest, run_batch
+from seal.rollout.episode import EpisodeRequest, check_infra_loss, run_batch
 from seal.rollout.hf_generation import HFGenerator
 from seal.rollout.hf_generation import autocast_context as _autocast
 from seal.rollout.types import GenerateFn, Rollout, SamplingParams
@@ -260,9 +260,11 @@ async def _play(cfg: C.Recipe, generate: GenerateFn, tokenizer: Any, requests: l
     try:
         async with EnvClient(list(cfg.env.urls), timeout=cfg.env.timeout_s,
                              max_retries=cfg.env.max_retries) as client:
-            return await run_batch(client, generate, tokenizer, requests, params, C.rollout_limits(cfg),
-                                   concurrency=cfg.rollout.concurrency, reward_fn=reward_fn,
-                                   max_restarts=cfg.env.max_restarts, on_done=lambda i, r: bar.update(1))
+            rollouts = await run_batch(client, generate, tokenizer, requests, params, C.rollout_limits(cfg),
+                                       concurrency=cfg.rollout.concurrency, reward_fn=reward_fn,
+                                       max_restarts=cfg.env.max_restarts, on_done=lambda i, r: bar.update(1))
+        check_infra_loss(rollouts, cfg.env.max_infra_loss, ", ".join(cfg.env.urls))  # loud, never a silent run
+        return rollouts
     finally:
         bar.close()
 

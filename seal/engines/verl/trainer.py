@@ -29,6 +29,7 @@ from seal.core.controller import STATE_FILE, SealController
 from seal.engines.verl.adapter import TrainerAdapter, object_column
 from seal.engines.verl.agent_loop import EpisodeFeed
 from seal.engines.verl.config import TRAINER_MODE
+from seal.rollout.episode import check_infra_loss
 from seal.run_dir import Checkpoints, RunDir, best_record, improves
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,7 @@ class SealTrainer(TrainerAdapter):
     def advantage_step(self, data: DataProto, extras: list[dict[str, Any] | None], batch_keys: list[str],
                        metrics: dict) -> None:
         """C_t from the step's real rollouts, then GRPO and A-Patch on the batch (`seal_advantages`)."""
+        check_infra_loss(extras, self.recipe.env.max_infra_loss, ", ".join(self.recipe.env.urls))
         metrics.update(self.controller.observe([ex for ex in extras if ex is not None], self.global_steps))
         metrics.update(seal_advantages(data, extras, self.controller, self.global_steps,
                                        algorithm=self.config.algorithm,
