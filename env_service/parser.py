@@ -98,7 +98,11 @@ def _decode_block(text: str, start: int) -> tuple[Any, int]:
     except RecursionError:
         raise ValueError(f"nested deeper than {MAX_NESTING} levels") from None
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{exc.msg}: line {exc.lineno} column {exc.colno}") from None
+        # Report the position within the block, worded as json.loads words it on the block alone.
+        rel = exc.pos - start
+        before = text[start : exc.pos]
+        line, col = before.count("\n") + 1, rel - before.rfind("\n")
+        raise ValueError(f"{exc.msg}: line {line} column {col} (char {rel})") from None
     return value, end
 
 
