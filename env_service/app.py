@@ -189,6 +189,8 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
             raise ApiError("unknown_task", f"no task {req.task_id!r}")
         if req.mode == "eval" and req.interface:
             raise ApiError("interface_in_eval", "evaluation episodes always use the raw interface")
+        if req.rules == "official" and req.interface:
+            raise ApiError("invalid_interface", "official rules use the raw interface (BFCL's prompt)")
         try:
             interface = iface.parse_interface(req.interface)
         except iface.InterfaceError as exc:
@@ -203,7 +205,7 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
             if store.full():
                 raise ApiError("too_many_episodes", f"{len(store)} episodes open; delete finished ones")
         limit = StepLimit(**req.step_limit.model_dump()) if req.step_limit else None
-        episode = Episode(episode_id, task, req.mode, interface, config.episode, limit)
+        episode = Episode(episode_id, task, req.mode, interface, config.episode, limit, rules=req.rules)
         store.add(episode)
         counters["created"] += 1
         return _reply(
@@ -221,6 +223,7 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
                         "scope": episode.step_limit.scope,
                         "max_steps": episode.step_limit.max_steps,
                     },
+                    "rules": episode.rules,
                 },
             },
             201,

@@ -346,6 +346,8 @@ class CreateRequest(_Request):
     interface: dict[str, Any] | None = None
     episode_id: str | None = None
     step_limit: StepLimitSpec | None = None
+    # The rules profile of this episode (env_service.rules): the authors' training rules or BFCL's own.
+    rules: Literal["release", "official"] = "release"
 
 
 class StepRequest(_Request):
@@ -400,6 +402,7 @@ class CreateInfo(_Reply):
     mode: Mode
     interface_version: int
     step_limit: StepLimitInfo
+    rules: Literal["release", "official"] = "release"
 
 
 class CreateReply(_Reply):
@@ -419,7 +422,9 @@ class CreateReply(_Reply):
 
 class StepInfo(_Reply):
     error_type: Literal["parse_error", "unavailable_tool", "tool_error"] | None
-    end_reason: Literal["completed", "step_limit"] | None
+    # official rules add BFCL's endings: force_quit (the per-turn step bound) and inference_error (a reply
+    # BFCL's handler cannot keep in its chat history makes its next model query fail)
+    end_reason: Literal["completed", "step_limit", "force_quit", "inference_error"] | None
     steps: int
 
 
