@@ -111,7 +111,7 @@ def _renders(block: Any) -> bool:
     """Whether BFCL's Qwen prompt can render this extracted block from its chat history."""
     if not isinstance(block, dict):
         return False
-    call = block["function"] if "function" in block else block
+    call = block.get("function", block)
     return isinstance(call, dict) and isinstance(call.get("name"), str) and "arguments" in call
 
 

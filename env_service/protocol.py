@@ -489,7 +489,7 @@ class EvaluateReply(_Reply):
     progress_with_irrelevance: float
     official: OfficialVerdict
     grade_ms: float
-    end_reason: Literal["completed", "step_limit", "evaluated_early"]
+    end_reason: Literal["completed", "step_limit", "evaluated_early", "force_quit", "inference_error"]
     steps: int
 
 

@@ -44,7 +44,7 @@ from seal.eval.results import (
 from seal.report import paper_numbers as pn
 from seal.report.stats import Estimate
 from seal.report.tables import format_estimate
-from seal.rollout.client import EnvClient, EnvClientError, EnvUnavailable
+from seal.rollout.client import EnvClient, EnvClientError
 from seal.rollout.episode import play_episode, run_all
 from seal.rollout.types import RolloutLimits
 from seal.run_dir import RunDir, hf_weights_dir, select_checkpoints

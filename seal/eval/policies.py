@@ -21,6 +21,7 @@ backend, text level (:class:`TextTurns` over its agent) otherwise.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -245,6 +246,9 @@ class VLLMGenerator:
 # --- OpenAI-compatible servers --------------------------------------------------------------------------
 
 
+MAX_REPLY_BYTES = 8 << 20  # a chat-completions reply larger than this is no answer (ours)
+
+
 class OpenAIChat:
     """Chat completions against an OpenAI-compatible server (text in, text out), greedy.
 
@@ -323,9 +327,6 @@ class OpenAIChat:
         await self._http.aclose()
 
 
-MAX_REPLY_BYTES = 8 << 20  # a chat-completions reply larger than this is no answer (ours)
-
-
 def _is_context_error(detail: str) -> bool:
     text = detail.lower()
     return "context" in text and ("length" in text or "maximum" in text or "too long" in text)
@@ -362,10 +363,9 @@ def completion_text(raw: bytes) -> str:
             raise _malformed("a tool call without a function name", call)
         arguments = function.get("arguments")
         if isinstance(arguments, str):
-            try:
+            # a string that is no JSON is left for the environment's parser to reject, as it would reject text
+            with contextlib.suppress(ValueError, RecursionError):
                 arguments = json.loads(arguments)
-            except (ValueError, RecursionError):
-                pass  # left for the environment's parser to reject, as it would reject text
         parts.append(format_tool_call(name, arguments))
     return "\n".join(parts)
 

@@ -220,7 +220,7 @@ class ResultsLog:
                 if isinstance(record, dict) and isinstance(record.get("task_id"), str):
                     self.kept.append(record)
         write_jsonl(self.path, self.kept)  # rewrite without any cut-off line
-        self._handle = open(self.path, "a", encoding="utf-8")
+        self._handle = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - held for the whole evaluation
 
     def append(self, record: Mapping[str, Any]) -> None:
         self._handle.write(json.dumps(record, ensure_ascii=False) + "\n")
