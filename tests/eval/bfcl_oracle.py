@@ -158,11 +158,19 @@ def step_loop(task: Task, turn: int, step: int) -> str:
 
 
 def loop_last_turn(task: Task, turn: int, step: int) -> str:
-    # the ground truth, then a loop on the last turn (force-quit there leaves every turn in the result)
-    last = len(task.gt_calls) - 1
+    # the ground truth, then harmless failing calls forever on the last turn: the force-quit there leaves every
+    # turn in the result, so BFCL grades it as it stands (a pass)
     calls = gt_calls(task, turn)
-    if turn == last and calls and step >= len(calls):
-        return block(*calls[-1])
+    if turn == len(task.gt_calls) - 1 and step >= len(calls):
+        return block("nonexistent_tool", {"attempt": step})
+    return ground_truth(task, turn, step)
+
+
+def loop_first_turn(task: Task, turn: int, step: int) -> str:
+    # the same loop on the first turn: the force-quit leaves turns out, and BFCL fails the task
+    calls = gt_calls(task, turn)
+    if turn == 0 and step >= len(calls):
+        return block("nonexistent_tool", {"attempt": step})
     return ground_truth(task, turn, step)
 
 
@@ -207,7 +215,7 @@ def number_name(task: Task, turn: int, step: int) -> str:
 SCRIPTS: dict[str, Script] = {f.__name__: f for f in (
     ground_truth, batched, empty, drop_last, extra_call, wrong_args, no_newlines, mixed_malformed,
     non_object_block, non_object_last_turn, missing_arguments, partial_block, early_held_out, recovery,
-    step_loop, loop_last_turn, think_then_call, string_arguments, non_finite, talk_then_call,
+    step_loop, loop_last_turn, loop_first_turn, think_then_call, string_arguments, non_finite, talk_then_call,
     answer_without_tools, unknown_only, forbidden_name, number_name,
 )}
 # Scripts whose replies BFCL's chat history keeps byte for byte (canonical blocks, no text around them), so
