@@ -33,6 +33,7 @@ from env_service import interface as iface
 from env_service import protocol as p
 from env_service.config import ServiceConfig, StepLimit
 from env_service.episode import Episode, EpisodeStateError
+from env_service.rules import DEFAULT_RULES, OFFICIAL
 from env_service.tasks import load_split, load_tasks, split_ids
 
 log = logging.getLogger("env_service")
@@ -189,7 +190,8 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
             raise ApiError("unknown_task", f"no task {req.task_id!r}")
         if req.mode == "eval" and req.interface:
             raise ApiError("interface_in_eval", "evaluation episodes always use the raw interface")
-        if req.rules == "official" and req.interface:
+        rules = req.rules or (config.eval_rules if req.mode == "eval" else DEFAULT_RULES)
+        if rules == OFFICIAL and req.interface:
             raise ApiError("invalid_interface", "official rules use the raw interface (BFCL's prompt)")
         try:
             interface = iface.parse_interface(req.interface)
@@ -205,7 +207,7 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
             if store.full():
                 raise ApiError("too_many_episodes", f"{len(store)} episodes open; delete finished ones")
         limit = StepLimit(**req.step_limit.model_dump()) if req.step_limit else None
-        episode = Episode(episode_id, task, req.mode, interface, config.episode, limit, rules=req.rules)
+        episode = Episode(episode_id, task, req.mode, interface, config.episode, limit, rules=rules)
         store.add(episode)
         counters["created"] += 1
         return _reply(

@@ -42,3 +42,4 @@ class ServiceConfig:
     max_episodes: int = 20_000  # open episodes before new ones are refused with 503 (ours)
     token: str | None = None  # bearer token, required when set (recommended when not on loopback)
     split_file: str | None = None  # default: data/bfcl_split.json
+    eval_rules: str = "release"  # rules of eval-mode episodes that name none (env_service.rules)

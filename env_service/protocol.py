@@ -347,7 +347,7 @@ class CreateRequest(_Request):
     episode_id: str | None = None
     step_limit: StepLimitSpec | None = None
     # The rules profile of this episode (env_service.rules): the authors' training rules or BFCL's own.
-    rules: Literal["release", "official"] = "release"
+    rules: Literal["release", "official"] | None = None  # None: release (eval mode: the service's --eval-rules)
 
 
 class StepRequest(_Request):

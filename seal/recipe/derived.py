@@ -60,4 +60,6 @@ def env_service_args(cfg: Recipe) -> list[str]:
     args = ["--step-limit-scope", step_limit.scope, "--max-steps", str(step_limit.max_steps)]
     if not cfg.env.strict_availability:
         args.append("--no-strict-availability")
+    if cfg.env.val_rules != "release":
+        args += ["--eval-rules", cfg.env.val_rules]
     return args

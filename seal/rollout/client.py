@@ -345,7 +345,7 @@ class EnvClient:
             raise ValueError(f"mode must be train or eval, got {mode!r}")
         if isinstance(interface, p.Interface):
             interface = interface.to_dict()
-        request = p.CreateRequest(task_id=task_id, mode=mode, interface=interface, **({"rules": rules} if rules else {}))
+        request = p.CreateRequest(task_id=task_id, mode=mode, interface=interface, rules=rules)
         ours = episode_id is None
         eid = episode_id or uuid.uuid4().hex
         base = self._pick_replica()

@@ -7,6 +7,7 @@ makes the server stop answering (hold the request) after that many answered requ
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -63,10 +64,8 @@ class FakeOpenAI:
                         fake.answered += 1
                 if hang:
                     fake.release.wait(120)
-                try:
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client gave up (deadline)
                     self._answer(model)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client gave up (its deadline), as it should
 
             def _answer(self, model: str) -> None:
                 if model == "slow":

@@ -56,7 +56,8 @@ def compare(bfcl, url: str, plan: dict[str, list[str]], check_prompts: bool = Fa
                                      f"project {record['accuracy']} (end {record['end_reason']})")
             passed[category_of(task_id)] += theirs.valid
             if check_prompts and script_name in oracle.CANONICAL:
-                assert theirs.prompts and prompts[task_id] == theirs.prompts, f"prompt differs: {script_name} on {task_id}"
+                assert theirs.prompts, (script_name, task_id)
+                assert prompts[task_id] == theirs.prompts, f"prompt differs: {script_name} on {task_id}"
     assert not disagreements, f"{len(disagreements)} of {played} verdicts differ:\n" + "\n".join(disagreements)
     return passed
 
