@@ -22,7 +22,6 @@ derives (turn, step) from what it was given: BFCL from its formatted prompt, the
 from __future__ import annotations
 
 import contextlib
-import copy
 import io
 import json
 import sys
@@ -267,13 +266,23 @@ def _bfcl_modules() -> SimpleNamespace:
         stub.MODEL_CONFIG_MAPPING = {}
         sys.modules["bfcl_eval.constants.model_config"] = stub
     from bfcl_eval._llm_response_generation import multi_threaded_inference
+    from bfcl_eval.constants.category_mapping import VERSION_PREFIX
+    from bfcl_eval.constants.eval_config import POSSIBLE_ANSWER_PATH, PROMPT_PATH
     from bfcl_eval.eval_checker.eval_runner import _evaluate_single_multi_turn_entry
     from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
     from bfcl_eval.model_handler.local_inference.qwen_fc import QwenFCHandler
-    from bfcl_eval.utils import load_dataset_entry
+    from bfcl_eval.utils import (
+        add_language_specific_hint_to_function_doc,
+        populate_test_cases_with_predefined_functions,
+        process_agentic_test_case,
+    )
 
     return SimpleNamespace(inference=multi_threaded_inference, evaluate=_evaluate_single_multi_turn_entry,
-                           utils=multi_turn_utils, handler=QwenFCHandler, load=load_dataset_entry)
+                           utils=multi_turn_utils, handler=QwenFCHandler, prefix=VERSION_PREFIX,
+                           prompt_path=PROMPT_PATH, answer_path=POSSIBLE_ANSWER_PATH,
+                           process_agentic=process_agentic_test_case,
+                           populate=populate_test_cases_with_predefined_functions,
+                           add_hint=add_language_specific_hint_to_function_doc)
 
 
 @dataclass
@@ -302,33 +311,54 @@ class Bfcl:
 
     def __init__(self) -> None:
         self.m = _bfcl_modules()
+        self.handler: Any = None
         self.entries: dict[str, dict] = {}
-        self.answers: dict[str, list] = {}
-        from env_service.bfcl import ANSWER_DIR
-        from env_service.vocab import CATEGORIES
+        self._raw: dict[str, dict[str, str]] = {}
+        self._answers: dict[str, dict[str, list]] = {}
 
-        for category in CATEGORIES:
-            for entry in self.m.load(category):
-                self.entries[entry["id"]] = entry
-            with open(ANSWER_DIR / f"BFCL_v4_{category}.json", encoding="utf-8") as fh:
-                for line in fh:
-                    answer = json.loads(line)
-                    self.answers[answer["id"]] = answer["ground_truth"]
+    def entry(self, task_id: str) -> dict:
+        """The test entry as BFCL's ``load_dataset_entry`` builds it for a multi-turn category (its own steps:
+        the data file, then ``populate_test_cases_with_predefined_functions`` and the language hint), for this
+        one task only."""
+        if task_id not in self.entries:
+            category = task_id.rsplit("_", 1)[0]
+            if category not in self._raw:
+                self._raw[category] = self._lines(self.m.prompt_path / f"{self.m.prefix}_{category}.json")
+                self._answers[category] = {k: json.loads(v)["ground_truth"] for k, v in
+                                           self._lines(self.m.answer_path / f"{self.m.prefix}_{category}.json").items()}
+            entries = [json.loads(self._raw[category][task_id])]
+            entries = self.m.populate(self.m.process_agentic(entries))
+            self.m.add_hint(entries)
+            self.entries[task_id] = entries[0]
+        return self.entries[task_id]
+
+    def answer(self, task_id: str) -> list:
+        self.entry(task_id)
+        return self._answers[task_id.rsplit("_", 1)[0]][task_id]
+
+    @staticmethod
+    def _lines(path: Any) -> dict[str, str]:
+        with open(path, encoding="utf-8") as fh:
+            return {json.loads(line)["id"]: line for line in fh if line.strip()}
 
     def run(self, script: Script, task_id: str) -> BfclRun:
+        if self.handler is None:  # one handler: building one builds an OpenAI client (an SSL context)
+            self.handler = self.m.handler("oracle", 0.001, "oracle", False)
+            self.handler.tokenizer = SimpleNamespace(tokenize=lambda text: [])
+            self.handler.max_context_length = 1 << 30
+            self.handler.model_path_or_id = "oracle"
+        handler = self.handler
+        # BFCL names its executor instances after the model: a fresh name per run keeps runs apart
         name = f"oracle_{uuid.uuid4().hex[:12]}"
-        handler = self.m.handler(name, 0.001, name, False)
+        handler.model_name_underline_replaced = name
         prompts: list[str] = []
         handler.client = SimpleNamespace(completions=_ScriptedCompletions(script, load_tasks()[task_id], prompts))
-        handler.tokenizer = SimpleNamespace(tokenize=lambda text: [])
-        handler.max_context_length = 1 << 30
-        handler.model_path_or_id = name
-        entry = copy.deepcopy(self.entries[task_id])
         try:
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                result = self.m.inference(handler, entry, False, True)
-                verdict = self.m.evaluate(handler, task_id, result["result"], self.answers[task_id],
-                                          copy.deepcopy(self.entries[task_id]), name, task_id.rsplit("_", 1)[0])
+                # shallow copies: the prompting loop and the runner replace top-level keys only
+                result = self.m.inference(handler, dict(self.entry(task_id)), False, True)
+                verdict = self.m.evaluate(handler, task_id, result["result"], self.answer(task_id),
+                                          dict(self.entry(task_id)), f"{name}_eval", task_id.rsplit("_", 1)[0])
         finally:  # BFCL keeps each run's instances in its executor's module globals
             for key in [k for k in vars(self.m.utils) if k.startswith(name)]:
                 delattr(self.m.utils, key)
@@ -336,13 +366,12 @@ class Bfcl:
         return BfclRun(bool(verdict["valid"]), error.get("error_type"), prompts)
 
 
-def unrunnable_name_is_undefined() -> bool:
+def unrunnable_name_is_undefined(bfcl: Bfcl) -> bool:
     """The checker's placeholder call names nothing in BFCL's executor namespace or Python's builtins."""
     import builtins
 
-    m = _bfcl_modules()
     name = UNRUNNABLE_CALL.split("(")[0]
-    return name not in vars(m.utils) and not hasattr(builtins, name)
+    return name not in vars(bfcl.m.utils) and not hasattr(builtins, name)
 
 
 # --- project side -------------------------------------------------------------------------------------

@@ -62,8 +62,8 @@ def compare(bfcl, url: str, plan: dict[str, list[str]], check_prompts: bool = Fa
     return passed
 
 
-def test_the_checker_placeholder_names_nothing_bfcl_could_run():
-    assert oracle.unrunnable_name_is_undefined()
+def test_the_checker_placeholder_names_nothing_bfcl_could_run(bfcl):
+    assert oracle.unrunnable_name_is_undefined(bfcl)
 
 
 def test_official_profile_agrees_with_bfcl_on_every_rule(bfcl, service_url):
@@ -90,5 +90,12 @@ def test_official_profile_agrees_with_bfcl_on_all_400_eval_tasks(bfcl, service_u
             plan[names[index % len(names)]].append(task_id)
     passed = compare(bfcl, service_url, plan)
     assert sum(len(v) for v in plan.values()) == 400
+    # the harness built each entry with BFCL's own steps for one task; they equal BFCL's whole-category loader's
+    from bfcl_eval.utils import load_dataset_entry
+
+    for category in CATEGORIES:
+        for entry in load_dataset_entry(category):
+            if entry["id"] in bfcl.entries:
+                assert {k: v for k, v in bfcl.entries[entry["id"]].items()} == entry, entry["id"]
     print(f"\noracle 400-task set: every verdict agrees; BFCL passes {passed} "
           f"({time.perf_counter() - started:.1f} s)")
