@@ -59,7 +59,7 @@ KNOWN_GT_ANOMALIES: dict[str, str] = {
     "multi_turn_miss_func_49": (
         "BFCL ground-truth anomaly: its ground truth calls `tail` two turns before that function is revealed; "
         "the service's strict availability (release default) rejects the call, the official harness "
-        "(--official-availability) executes it"
+        "(--rules official, or --official-availability) executes it"
     ),
 }
 
@@ -207,6 +207,9 @@ def self_check_notes(policy: Policy, records: Sequence[dict[str, Any]]) -> list[
     for record in records:
         if record["accuracy"] != expected:
             why = KNOWN_GT_ANOMALIES.get(record["task_id"], "unexpected: a harness or data problem")
+            if record.get("end_reason") == "force_quit" and policy.spec == "ground_truth":
+                why = ("BFCL's per-turn force-quit (official rules): the replay makes one call per step and this "
+                       "task's ground truth needs more than 21 calls in one turn")
             if record["error"]:
                 why = f"{why}; error: {record['error']}"
             notes.append(f"{policy.spec} scored {record['accuracy']} on {record['task_id']} ({why})")

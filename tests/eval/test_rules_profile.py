@@ -105,3 +105,24 @@ def test_calls_that_can_only_fail_get_pythons_error_text_and_never_reach_the_che
     assert official.failure_text(5, {}, known=False) == "Error during execution: 'int' object is not callable"
     assert official.failure_text("ls", {"a": 1}, known=True) is None
     assert official.checker_call("nonexistent", {}, runnable=False) == official.UNRUNNABLE_CALL
+
+
+def test_an_official_evaluation_names_its_rules_in_every_file_and_table(service_url, tmp_path, capsys):
+    from seal.eval import evaluate as ev
+
+    tasks = ["multi_turn_miss_func_49", "multi_turn_base_0"]
+    summary = ev.evaluate(ev.EvalRequest(policy="ground_truth", out=tmp_path, tasks=tasks, env_url=service_url,
+                                         rules="official", progress=False))
+    # BFCL executes the held-out `tail` the ground truth calls before its reveal: the anomaly passes here
+    assert summary["accuracy"]["multi_turn_miss_func"] == 1.0
+    assert summary["rules"] == "official" and summary["status"] == "complete"
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert written["rules"] == "official"
+    records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [r["task_id"] for r in records] == tasks and {r["rules"] for r in records} == {"official"}
+    ev.print_summary(summary, tmp_path)
+    assert "| rules official |" in capsys.readouterr().out
+    args = ev.parse_args(["--policy", "empty", "--rules", "official", "--split", "all"])
+    assert str(ev._default_out(args)) == "evals/empty_all_official"
+    with pytest.raises(SystemExit):
+        ev.parse_args(["--policy", "empty", "--rules", "official", "--max-steps", "5"])
