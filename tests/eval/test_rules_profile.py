@@ -126,3 +126,13 @@ def test_an_official_evaluation_names_its_rules_in_every_file_and_table(service_
     assert str(ev._default_out(args)) == "evals/empty_all_official"
     with pytest.raises(SystemExit):
         ev.parse_args(["--policy", "empty", "--rules", "official", "--max-steps", "5"])
+
+
+def test_official_budget_has_no_length_limits_of_its_own():
+    from seal.eval.evaluate import EpisodeBudget
+
+    limits = EpisodeBudget(4096, 32768, official=True).rollout_limits()
+    assert limits.max_observation_tokens is None and limits.max_prompt_length == 32767
+    assert limits.max_response_length == limits.max_model_len == 32768
+    release = EpisodeBudget().rollout_limits()
+    assert release.max_observation_tokens == 4096 and release.max_prompt_length == 8192
