@@ -13,6 +13,7 @@ import uvicorn
 from env_service.budget import Budget
 from env_service.config import EpisodeConfig, ServiceConfig, StepLimit
 from env_service.protocol import TOKEN_ENV
+from env_service.rules import DEFAULT_RULES, RULES
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -35,6 +36,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--release-reveal-note",
         action="store_true",
         help="append BFCL's 'Python 3 syntax' note to revealed docs, as the release did (bug)",
+    )
+    p.add_argument(
+        "--eval-rules",
+        choices=list(RULES),
+        default=DEFAULT_RULES,
+        help="rules profile of eval-mode episodes whose create request names none (validation); "
+        "training episodes always default to release",
     )
     p.add_argument("--ttl", type=float, default=3600.0, help="seconds before an idle episode expires")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20)
@@ -91,6 +99,7 @@ def main(argv: list[str] | None = None) -> None:
         max_episodes=args.max_episodes,
         token=args.token,
         split_file=args.split_file,
+        eval_rules=args.eval_rules,
     )
     app = create_app(config)
     print(f"env_service: serving {args.host}:{args.port}", file=sys.stderr, flush=True)

@@ -36,6 +36,7 @@ from env_service import protocol as p
 from env_service.config import ServiceConfig, StepLimit
 from env_service.episode import EpisodeStateError
 from env_service.http import loop_exception_handler, quiet
+from env_service.rules import DEFAULT_RULES, OFFICIAL
 from env_service.tasks import load_split, load_tasks, split_ids
 from env_service.workers import Handle, InProcessPool, WorkerPool
 
@@ -204,6 +205,9 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
             raise ApiError("unknown_task", f"no task {req.task_id!r}")
         if req.mode == "eval" and req.interface:
             raise ApiError("interface_in_eval", "evaluation episodes always use the raw interface")
+        rules = req.rules or (config.eval_rules if req.mode == "eval" else DEFAULT_RULES)
+        if rules == OFFICIAL and req.interface:
+            raise ApiError("invalid_interface", "official rules use the raw interface (BFCL's prompt)")
         try:
             interface = iface.parse_interface(req.interface)
         except iface.InterfaceError as exc:
@@ -219,7 +223,7 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
             if store.full():
                 raise ApiError("too_many_episodes", f"{len(store)} episodes open; delete finished ones")
         limit = StepLimit(**req.step_limit.model_dump()) if req.step_limit else None
-        handle = Handle(episode_id, -1, task.id, req.mode, interface, limit)
+        handle = Handle(episode_id, -1, task.id, req.mode, interface, limit, rules=rules)
         store.add(handle)
         try:
             messages, tools = await pool.create(handle)
@@ -240,6 +244,7 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
                     "mode": req.mode,
                     "interface_version": interface.version,
                     "step_limit": {"scope": step_limit.scope, "max_steps": step_limit.max_steps},
+                    "rules": rules,
                 },
             },
             201,

@@ -19,6 +19,7 @@ if not os.environ.get("BFCL_PROJECT_ROOT"):
 import bfcl_eval
 from bfcl_eval.constants.default_prompts import (
     DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING,
+    MAXIMUM_STEP_LIMIT,
 )
 from bfcl_eval.constants.executable_backend_config import (
     CLASS_FILE_PATH_MAPPING,
@@ -54,6 +55,7 @@ __all__ = [
     "DATA_DIR",
     "DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING",
     "FUNC_DOC_DIR",
+    "MAXIMUM_STEP_LIMIT",
     "MULTI_TURN_FUNC_DOC_FILE_MAPPING",
     "STATELESS_CLASSES",
     "execute_multi_turn_func_call",

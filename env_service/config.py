@@ -52,3 +52,4 @@ class ServiceConfig:
     # Open connections beyond this are refused at accept (the health check keeps answering). (ours)
     max_connections: int = 512
     header_timeout_s: float = 10.0  # a request's headers and body must arrive within this (ours)
+    eval_rules: str = "release"  # rules of eval-mode episodes that name none (env_service.rules)

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from env_service import interface as iface
-from env_service import vocab
+from env_service import official, vocab
 from env_service.budget import BudgetExceeded, budget_message
 from env_service.calls import is_valid_argument_name
 from env_service.config import EpisodeConfig, StepLimit
@@ -24,6 +24,7 @@ from env_service.executor import ToolExecutor
 from env_service.grading import grade, over_budget_result
 from env_service.parser import echo, parse_tool_calls
 from env_service.prompts import rejected_call_message, reveal_message, system_prompt, tool_response
+from env_service.rules import OFFICIAL, RELEASE, check_rules
 from env_service.tasks import Task
 from env_service.tool_errors import is_error_result
 from env_service.trajectory import AcceptedCall, Step, Turn
@@ -44,8 +45,11 @@ class Episode:
         interface: iface.Interface,
         config: EpisodeConfig,
         step_limit: StepLimit | None = None,
+        rules: str = RELEASE,
     ) -> None:
         self.id = episode_id
+        self.rules = check_rules(rules)
+        self.inference_error = False  # official: BFCL's next model query would have failed
         self.task = task
         self.mode = mode
         self.interface = interface
@@ -68,6 +72,8 @@ class Episode:
     # --- rendering -------------------------------------------------------------------------------------
     def presented_tools(self, docs: list[dict] | None = None) -> list[dict]:
         docs = self.tools if docs is None else docs
+        if self.rules == OFFICIAL:  # the prompt's tool list never changes (revealed docs come in a message)
+            return official.prompt_tools(self.task.tools if docs is self.tools else docs)
         return iface.annotate_tools(docs, self.interface.schema)
 
     def initial_messages(self) -> list[dict[str, str]]:
@@ -88,6 +94,8 @@ class Episode:
         if self.done or self.result is not None:
             raise EpisodeStateError("episode is finished; no more steps")
         self.steps_total += 1
+        if self.rules == OFFICIAL:
+            return self._step_official(content)
         self.steps_in_turn += 1
         parsed = parse_tool_calls(content)
         turn = self.turns[self.turn]
@@ -173,6 +181,53 @@ class Episode:
             "info": {"error_type": vocab.BUDGET_EXCEEDED, "end_reason": self.end_reason, "steps": self.steps_total},
         }
 
+    def _step_official(self, content: str) -> dict[str, Any]:
+        """One reply under BFCL's rules (env_service.official): decoded calls run, anything else ends the turn."""
+        decoded = official.decode(content)
+        turn = self.turns[self.turn]
+        observation: str | None
+        error_type: str | None = None
+        if decoded.error or not decoded.calls:
+            error_type = vocab.PARSE_ERROR if decoded.error else None
+            turn.steps.append(Step(vocab.PARSE_ERROR, error=decoded.error) if decoded.error else Step("text"))
+            observation = self._advance_turn()
+        else:
+            attempted = [str(n) for n, _ in decoded.calls]
+            if len(decoded.calls) > self.config.budget.max_calls:  # the same cost budget as the release rules
+                exc = BudgetExceeded("calls", f"the message makes more than {self.config.budget.max_calls} calls.")
+                return self.end_over_budget(exc, attempted)
+            accepted, results, checker = [], [], []
+            reply_left = self.config.budget.reply_bytes
+            for name, arguments in decoded.calls:
+                known = isinstance(name, str) and self.executor.knows(name)
+                result = official.failure_text(name, arguments, known)
+                runnable = result is None
+                if runnable:
+                    try:
+                        result = self.executor.call(name, arguments, reply_left)
+                    except BudgetExceeded as exc:
+                        return self.end_over_budget(exc, attempted)
+                    reply_left -= len(result)
+                    accepted.append(AcceptedCall(name, arguments, result, is_error_result(result)))
+                if is_error_result(result):
+                    error_type = vocab.TOOL_ERROR
+                results.append(result)
+                checker.append(official.checker_call(name, arguments, runnable))
+            turn.steps.append(Step("calls", calls=accepted, attempted=attempted, checker_calls=checker))
+            observation = official.tool_responses(results)
+            self.steps_in_turn += 1
+            if self.steps_in_turn > official.MAXIMUM_STEP_LIMIT:
+                self.done, self.end_reason, observation = True, "force_quit", None
+        if decoded.breaks_history and not self.done:
+            self.done, self.end_reason, observation = True, "inference_error", None
+            self.inference_error = True
+        return {
+            "observation": None if observation is None else {"role": "user", "content": observation},
+            "done": self.done,
+            "turn": self.turn,
+            "info": {"error_type": error_type, "end_reason": self.end_reason, "steps": self.steps_total},
+        }
+
     def _advance_turn(self) -> str | None:
         self.turn += 1
         self.steps_in_turn = 0
@@ -182,6 +237,8 @@ class Episode:
             return None
         self.turns.append(Turn())
         revealed = self.task.held_out.get(self.turn)
+        if revealed and self.rules == OFFICIAL:
+            return official.reveal_message(revealed)
         if revealed:
             docs = [copy.deepcopy(d) for d in revealed if d["name"] not in self.available]
             self.tools.extend(docs)
@@ -209,6 +266,11 @@ class Episode:
                 self.result = grade(self.task, self.turns, self.completed, self.over_budget is not None)
             except BudgetExceeded as exc:
                 self.result = over_budget_result(self.task, self.turns, self.completed, exc.detail)
+            if self.inference_error:  # BFCL records the task as an inference error: a failure
+                self.result["accuracy"] = 0.0
+                self.result["official"] = {"valid": False, "error_type": "multi_turn:inference_error",
+                                           "error_message": "BFCL's handler cannot render a reply of this "
+                                           "episode into its next prompt", "consistent_with_turns": True}
             self.result["grade_ms"] = (time.perf_counter() - started) * 1000
             self.result["end_reason"] = self.end_reason or "evaluated_early"
             self.result["steps"] = self.steps_total

@@ -356,6 +356,8 @@ class CreateRequest(_Request):
     interface: dict[str, Any] | None = None
     episode_id: str | None = None
     step_limit: StepLimitSpec | None = None
+    # The rules profile of this episode (env_service.rules): the authors' training rules or BFCL's own.
+    rules: Literal["release", "official"] | None = None  # None: release (eval mode: the service's --eval-rules)
 
 
 class StepRequest(_Request):
@@ -412,6 +414,7 @@ class CreateInfo(_Reply):
     mode: Mode
     interface_version: int
     step_limit: StepLimitInfo
+    rules: Literal["release", "official"] = "release"
 
 
 class CreateReply(_Reply):
@@ -431,7 +434,9 @@ class CreateReply(_Reply):
 
 class StepInfo(_Reply):
     error_type: Literal["parse_error", "unavailable_tool", "tool_error", "budget_exceeded"] | None
-    end_reason: Literal["completed", "step_limit", "budget_exceeded"] | None
+    # official rules add BFCL's endings: force_quit (the per-turn step bound) and inference_error (a reply
+    # BFCL's handler cannot keep in its chat history makes its next model query fail)
+    end_reason: Literal["completed", "step_limit", "budget_exceeded", "force_quit", "inference_error"] | None
     steps: int
 
 
@@ -496,7 +501,9 @@ class EvaluateReply(_Reply):
     progress_with_irrelevance: float
     official: OfficialVerdict
     grade_ms: float
-    end_reason: Literal["completed", "step_limit", "evaluated_early", "budget_exceeded"]
+    end_reason: Literal[
+        "completed", "step_limit", "evaluated_early", "budget_exceeded", "force_quit", "inference_error"
+    ]
     steps: int
 
 

@@ -29,6 +29,9 @@ class Step:
     calls: list[AcceptedCall] = field(default_factory=list)
     attempted: list[str] = field(default_factory=list)  # tool names the message tried to call
     error: str | None = None
+    # official rules: the step's call strings for BFCL's checker, calls that could only fail included
+    # (env_service.official.checker_call); None: the accepted calls'
+    checker_calls: list[str] | None = None
 
 
 @dataclass
@@ -40,7 +43,9 @@ class Turn:
 
     def call_steps(self) -> list[list[str]]:
         """Call strings per step with accepted calls — BFCL's ``model_result[turn][step]``."""
-        return [[c.call_string for c in s.calls] for s in self.steps if s.calls]
+        steps = [s.checker_calls if s.checker_calls is not None else [c.call_string for c in s.calls]
+                 for s in self.steps]
+        return [calls for calls in steps if calls]
 
     def count(self, kind: str) -> int:
         return sum(s.kind == kind for s in self.steps)

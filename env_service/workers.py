@@ -39,6 +39,7 @@ from env_service.budget import BudgetExceeded
 from env_service.config import EpisodeConfig, StepLimit
 from env_service.episode import Episode, EpisodeStateError
 from env_service.grading import over_budget_result
+from env_service.rules import DEFAULT_RULES
 from env_service.tasks import Task
 
 log = logging.getLogger("env_service")
@@ -67,6 +68,7 @@ class Handle:
     mode: str
     interface: Any
     step_limit: StepLimit | None
+    rules: str = DEFAULT_RULES  # its rules profile (env_service.rules)
     contents: list[str] = field(default_factory=list)  # the messages it accepted, in order
     over_budget: tuple[str, str] | None = None  # (limit, detail) of the action that ended it
     last_access: float = field(default_factory=time.monotonic)
@@ -116,7 +118,7 @@ class _WorkerState:
         self.pid = os.getpid()
 
     def build(self, h: Handle) -> Episode:
-        episode = Episode(h.id, self.tasks[h.task_id], h.mode, h.interface, self.config, h.step_limit)
+        episode = Episode(h.id, self.tasks[h.task_id], h.mode, h.interface, self.config, h.step_limit, h.rules)
         self.episodes[h.id] = episode
         self.held[h.id] = 0
         return episode
@@ -423,7 +425,7 @@ class InProcessPool:
 
     async def create(self, handle: Handle) -> tuple[list[dict], list[dict]]:
         episode = Episode(handle.id, self.tasks[handle.task_id], handle.mode, handle.interface, self.config,
-                          handle.step_limit)
+                          handle.step_limit, handle.rules)
         self.handles[handle.id], self.episodes[handle.id] = handle, episode
         return episode.initial_messages(), episode.presented_tools()
 

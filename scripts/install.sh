@@ -15,5 +15,6 @@ extras="test"
 [ "${SEAL_GPU:-0}" = "1" ] && extras="test,gpu"
 $PY -m pip install -e ".[${extras}]"
 # bfcl-eval's declared dependencies drag in a CUDA torch and vendor SDKs; the executable classes,
-# data and the multi-turn checker need only mpmath and filelock.
+# data and the multi-turn checker need only mpmath and filelock. The test extra adds the few its Qwen
+# handler and eval runner import (openai, tenacity, python-dotenv, tree-sitter*), for the oracle tests.
 $PY -m pip install --no-deps "bfcl-eval==2026.3.23" "mpmath==1.3.0" filelock

@@ -20,21 +20,31 @@ import contextlib
 import json
 import logging
 import shutil
+import signal
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from env_service.process import running_service
+from env_service.rules import DEFAULT_RULES, DESCRIPTIONS, OFFICIAL, RELEASE, RULES, check_rules
 from env_service.vocab import CATEGORIES
 from seal.eval.policies import Policy, PolicyError, PolicyOptions, ground_truth_steps, parse_policy
-from seal.eval.results import build_summary, error_record, record_from_rollout, write_eval_dir
+from seal.eval.results import (
+    SUMMARY_FILE,
+    ResultsLog,
+    build_summary,
+    error_record,
+    record_from_rollout,
+    write_ordered,
+    write_summary,
+)
 from seal.report import paper_numbers as pn
 from seal.report.stats import Estimate
 from seal.report.tables import format_estimate
-from seal.rollout.client import EnvClient, EnvClientError, EnvUnavailable
+from seal.rollout.client import EnvClient, EnvClientError
 from seal.rollout.episode import play_episode, run_all
 from seal.rollout.types import RolloutLimits
 from seal.run_dir import RunDir, hf_weights_dir, select_checkpoints
@@ -49,7 +59,7 @@ KNOWN_GT_ANOMALIES: dict[str, str] = {
     "multi_turn_miss_func_49": (
         "BFCL ground-truth anomaly: its ground truth calls `tail` two turns before that function is revealed; "
         "the service's strict availability (release default) rejects the call, the official harness "
-        "(--official-availability) executes it"
+        "(--rules official, or --official-availability) executes it"
     ),
 }
 
@@ -92,19 +102,47 @@ class EpisodeBudget:
     max_tokens_per_call: int = 4096
     max_model_len: int = 16384
     max_model_calls: int = 64
+    official: bool = False  # BFCL's rules: no length limits of our own beyond the model's context
 
     def rollout_limits(self) -> RolloutLimits:
         # Evaluation keeps every token of the response (no training-length cut; the verdict is unaffected).
+        if self.official:  # no prompt cap, no observation cut: only the context window bounds an episode
+            return RolloutLimits(max_prompt_length=self.max_model_len - 1, max_model_len=self.max_model_len,
+                                 max_tokens_per_call=self.max_tokens_per_call, max_response_length=self.max_model_len,
+                                 max_model_calls=self.max_model_calls, max_observation_tokens=None)
         return RolloutLimits(max_model_len=self.max_model_len, max_tokens_per_call=self.max_tokens_per_call,
                              max_response_length=self.max_model_len, max_model_calls=self.max_model_calls)
 
 
+class RulesClient:
+    """An env client that creates every episode under one rules profile (the create request's ``rules``)."""
+
+    def __init__(self, client: Any, rules: str):
+        self.client, self.rules = client, rules
+
+    async def create(self, task_id: str, mode: str = "train", interface: Any = None, episode_id: str | None = None):
+        return await self.client.create(task_id, mode, interface, episode_id, rules=self.rules)
+
+    async def step(self, *args: Any, **kwargs: Any) -> Any:
+        return await self.client.step(*args, **kwargs)
+
+    async def evaluate(self, *args: Any, **kwargs: Any) -> Any:
+        return await self.client.evaluate(*args, **kwargs)
+
+    async def delete(self, *args: Any, **kwargs: Any) -> Any:
+        return await self.client.delete(*args, **kwargs)
+
+
 async def evaluate_tasks(policy: Policy, client: Any, task_ids: Sequence[str], *, concurrency: int = 32,
-                         budget: EpisodeBudget | None = None, progress: bool = True) -> list[dict[str, Any]]:
+                         budget: EpisodeBudget | None = None, progress: bool = True, rules: str = DEFAULT_RULES,
+                         on_record: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Play and grade every task (at most `concurrency` at once); one record per task, in `task_ids` order.
 
-    A policy error on one task (e.g. a malformed server reply) is recorded for that task and the others go
-    on; env-service refusals on create (unknown task) abort, as they are caller errors."""
+    `on_record` gets each record as its task finishes (the evaluation directory appends it). Whatever goes
+    wrong inside one task (a policy reply of any shape, a policy crash, an env-service failure) is recorded
+    as that task's error and the others go on; only env-service refusals on create (unknown task, bad mode)
+    abort, as they are caller errors. Cancelling (SIGINT/SIGTERM) stops every episode, each deleted on the
+    service by the episode driver, and the records finished so far are kept by `on_record`."""
     from tqdm import tqdm
 
     if concurrency <= 0:
@@ -113,25 +151,28 @@ async def evaluate_tasks(policy: Policy, client: Any, task_ids: Sequence[str], *
     gate = asyncio.Semaphore(concurrency)
     limits = budget.rollout_limits()
     records: list[dict[str, Any] | None] = [None] * len(task_ids)
-    bar = tqdm(total=len(task_ids), desc=f"eval {policy.spec}", unit="task", disable=not progress,
+    bar = tqdm(total=len(task_ids), desc=f"eval {policy.spec} ({rules})", unit="task", disable=not progress,
                dynamic_ncols=True, mininterval=0.5)
     passed = finished = 0
+    env = client if rules == DEFAULT_RULES else RulesClient(client, rules)
 
     async def one(index: int, task_id: str) -> None:
         nonlocal passed, finished
         async with gate:
             try:
-                rollout = await play_episode(client, policy.episode_turns(task_id, limits), task_id, "eval",
+                rollout = await play_episode(env, policy.episode_turns(task_id, limits), task_id, "eval",
                                              max_model_calls=limits.max_model_calls)
-                record = record_from_rollout(rollout)
+                record = record_from_rollout(rollout, rules=rules)
             except EnvClientError as exc:
                 if exc.url.endswith("/episodes"):  # create refused: a caller error (unknown task, bad mode)
                     raise
-                record = error_record(task_id, f"env service refused a request: {exc}")
-            except (PolicyError, EnvUnavailable, ValueError, RuntimeError) as exc:
-                log.warning("task %s failed: %s", task_id, exc)
-                record = error_record(task_id, f"{type(exc).__name__}: {exc}")
+                record = error_record(task_id, f"env service refused a request: {exc}", rules)
+            except Exception as exc:  # noqa: BLE001 - one task's failure, whatever it is, never ends the run
+                log.warning("task %s failed: %s: %s", task_id, type(exc).__name__, exc)
+                record = error_record(task_id, f"{type(exc).__name__}: {exc}"[:2000], rules)
         records[index] = record
+        if on_record is not None:
+            on_record(record)
         passed += record["accuracy"]
         finished += 1
         bar.update(1)
@@ -166,6 +207,9 @@ def self_check_notes(policy: Policy, records: Sequence[dict[str, Any]]) -> list[
     for record in records:
         if record["accuracy"] != expected:
             why = KNOWN_GT_ANOMALIES.get(record["task_id"], "unexpected: a harness or data problem")
+            if record.get("end_reason") == "force_quit" and policy.spec == "ground_truth":
+                why = ("BFCL's per-turn force-quit (official rules): the replay makes one call per step and this "
+                       "task's ground truth needs more than 21 calls in one turn")
             if record["error"]:
                 why = f"{why}; error: {record['error']}"
             notes.append(f"{policy.spec} scored {record['accuracy']} on {record['task_id']} ({why})")
@@ -199,6 +243,16 @@ class EvalRequest:
     options: PolicyOptions | None = None
     progress: bool = True
     extra_notes: tuple[str, ...] = ()
+    rules: str = DEFAULT_RULES
+    resume: bool = False
+
+
+class EvaluationInterrupted(Exception):
+    """SIGINT/SIGTERM stopped an evaluation; its finished tasks are written (`summary` has status interrupted)."""
+
+    def __init__(self, summary: dict[str, Any], signum: int):
+        super().__init__(f"interrupted by signal {signum}: {summary['n']} task(s) finished and kept")
+        self.summary, self.signum = summary, signum
 
 
 def _task_list(split: str, tasks: list[str] | None) -> list[str]:
@@ -213,58 +267,146 @@ def _task_list(split: str, tasks: list[str] | None) -> list[str]:
     return split_ids(split)
 
 
+def _check_resumable(out: Path, request: EvalRequest, split: str) -> None:
+    """Refuse to resume into a directory written by a different evaluation (policy, split or rules)."""
+    path = out / SUMMARY_FILE
+    if not path.is_file():
+        return
+    try:
+        before = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        return
+    wanted = {"policy": request.policy, "split": split, "rules": request.rules}
+    differ = {k: (before.get(k), v) for k, v in wanted.items() if before.get(k, v) != v}
+    if differ:
+        raise ValueError(f"--resume: {out} holds another evaluation ({differ}: was, now); "
+                         "give a fresh --out or the same settings")
+
+
+def _max_official_calls(task_ids: Sequence[str]) -> int:
+    """Model calls BFCL can make on the longest of these tasks: per turn the force-quit bound plus the reply
+    that ends the turn (BFCL has no per-episode cap)."""
+    from env_service.official import MAX_CALLS_PER_TURN
+    from env_service.tasks import load_tasks
+
+    tasks = load_tasks()
+    return max(tasks[t].num_turns for t in task_ids) * MAX_CALLS_PER_TURN + 1
+
+
 def evaluate(request: EvalRequest) -> dict[str, Any]:
-    """Run one held-in evaluation and write its directory; returns the summary."""
-    task_ids = _task_list(request.split, request.tasks)
+    """Run one held-in evaluation and write its directory; returns the summary.
+
+    Records are appended to ``results.jsonl`` as tasks finish; SIGINT or SIGTERM stops the episodes (each is
+    deleted on the service), writes the summary of the finished tasks with status ``interrupted`` and raises
+    `EvaluationInterrupted`; ``resume=True`` keeps the records already in `out` and plays only the rest."""
+    rules = check_rules(request.rules)
+    all_ids = _task_list(request.split, request.tasks)
+    split = request.split if not request.tasks else "tasks"
+    if request.resume:
+        _check_resumable(request.out, request, split)
+    log_file = ResultsLog(request.out, resume=request.resume)
+    write_summary(request.out, build_summary([], request.policy, split, 0.0, [], rules=rules, status="running"))
+    kept = {r["task_id"]: r for r in log_file.kept if r["task_id"] in set(all_ids)}
+    task_ids = [t for t in all_ids if t not in kept]
     options = request.options or PolicyOptions()
     policy = parse_policy(request.policy, options)
-    notes = [*policy.notes, "interface: raw (mode eval); decoding: greedy", *request.extra_notes]
+    notes = [*policy.notes, f"rules: {DESCRIPTIONS[rules]}", "interface: raw (mode eval); decoding: greedy",
+             *request.extra_notes]
+    if request.resume:
+        notes.append(f"resumed: {len(kept)} task(s) kept from the earlier run, {len(task_ids)} played now")
     settings = request.service
-    needed = max(ground_truth_steps(t) for t in task_ids) if policy.spec == "ground_truth" else 0
-    if settings is None:
-        settings = ServiceSettings()
-        if needed > RELEASE_MAX_STEPS:
-            settings = ServiceSettings(max_steps=needed)
-            notes.append(f"ground_truth: per-episode step limit raised from the release's {RELEASE_MAX_STEPS} to "
-                         f"{needed}, the model calls of the longest ground-truth replay among these tasks (some "
-                         "train tasks need 34 calls in one turn)")
-        elif needed:
-            notes.append(f"ground_truth: the release's per-episode step limit {RELEASE_MAX_STEPS} covers the longest "
-                         f"ground-truth replay among these tasks ({needed} model calls); it is raised automatically "
-                         "when a replay needs more (train tasks need up to 37, 34 in one turn)")
-    budget = EpisodeBudget(options.max_tokens_per_call, options.max_model_len,
-                           max_model_calls=max(64, settings.max_steps + 1, needed + 1))
+    needed = max((ground_truth_steps(t) for t in task_ids), default=0) if policy.spec == "ground_truth" else 0
+    if rules == OFFICIAL:
+        settings = settings or ServiceSettings()
+        budget = EpisodeBudget(options.max_tokens_per_call, options.max_model_len,
+                               max_model_calls=_max_official_calls(task_ids) if task_ids else 1, official=True)
+    else:
+        if settings is None:
+            settings = ServiceSettings()
+            if needed > RELEASE_MAX_STEPS:
+                settings = ServiceSettings(max_steps=needed)
+                notes.append(f"ground_truth: per-episode step limit raised from the release's {RELEASE_MAX_STEPS} "
+                             f"to {needed}, the model calls of the longest ground-truth replay among these tasks "
+                             "(some train tasks need 34 calls in one turn)")
+            elif needed:
+                notes.append(f"ground_truth: the release's per-episode step limit {RELEASE_MAX_STEPS} covers the "
+                             f"longest ground-truth replay among these tasks ({needed} model calls); it is raised "
+                             "automatically when a replay needs more (train tasks need up to 37, 34 in one turn)")
+        budget = EpisodeBudget(options.max_tokens_per_call, options.max_model_len,
+                               max_model_calls=max(64, settings.max_steps + 1, needed + 1))
+    started = time.perf_counter()
+    interrupted: list[int] = []
 
     async def play(url: str) -> list[dict[str, Any]]:
-        async with EnvClient(url, timeout=600.0) as client:
-            try:
-                return await evaluate_tasks(policy, client, task_ids, concurrency=request.concurrency,
-                                            budget=budget, progress=request.progress)
-            finally:
-                await policy.aclose()
+        loop = asyncio.get_running_loop()
+        main = asyncio.current_task()
 
-    started = time.perf_counter()
-    if request.env_url:
-        notes.append(f"external env service {request.env_url} (its own step limit and availability apply)")
-        records = asyncio.run(play(request.env_url))
-        service_s = 0.0
-    else:
-        notes.append(settings.describe())
-        with local_env_service(settings) as url:
-            service_s = time.perf_counter() - started
-            records = asyncio.run(play(url))
+        def stop(signum: int) -> None:
+            interrupted.append(signum)
+            if main is not None:
+                main.cancel()
+
+        installed = []
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(signum, stop, signum)
+                installed.append(signum)
+        try:
+            async with EnvClient(url, timeout=600.0) as client:
+                try:
+                    return await evaluate_tasks(policy, client, task_ids, concurrency=request.concurrency,
+                                                budget=budget, progress=request.progress, rules=rules,
+                                                on_record=log_file.append)
+                finally:
+                    await policy.aclose()
+        except asyncio.CancelledError:
+            if not interrupted:
+                raise
+            return []
+        finally:
+            for signum in installed:
+                loop.remove_signal_handler(signum)
+
+    def run(url: str) -> list[dict[str, Any]]:
+        return asyncio.run(play(url)) if task_ids else []
+
+    service_s = 0.0
+    try:
+        if request.env_url:
+            notes.append(f"external env service {request.env_url} (its own step limit and availability apply"
+                         + (")" if rules == RELEASE else "; the official profile sets its own step rules)"))
+            run(request.env_url)
+        else:
+            if rules == RELEASE:
+                notes.append(settings.describe())
+            with local_env_service(settings) as url:
+                service_s = time.perf_counter() - started
+                run(url)
+    finally:
+        log_file.close()
+    # Every record written, whether this run finished or not (the log holds the finished tasks).
+    finished = ResultsLog(request.out, resume=True)
+    finished.close()
+    records = list(write_ordered(request.out, finished.kept, all_ids))
     wall_s = time.perf_counter() - started
     notes += self_check_notes(policy, records) + error_notes(records)
     notes.append(f"timing: {wall_s:.1f} s in all, of which {service_s:.1f} s starting the env service")
-    split = request.split if not request.tasks else "tasks"
-    summary = build_summary(records, request.policy, split, wall_s, notes)
-    write_eval_dir(request.out, records, summary)
+    status = "interrupted" if interrupted else "complete"
+    if interrupted:
+        missing = len(all_ids) - len(records)
+        notes.append(f"interrupted (signal {interrupted[0]}): {len(records)} of {len(all_ids)} tasks finished, "
+                     f"{missing} not played; rerun with --resume to finish")
+    summary = build_summary(records, request.policy, split, wall_s, notes, rules=rules, status=status)
+    write_summary(request.out, summary)
+    if interrupted:
+        raise EvaluationInterrupted(summary, interrupted[0])
     return summary
 
 
 def print_summary(summary: dict[str, Any], out: Path, stream: Any = None) -> None:
     stream = stream or sys.stdout
-    print(f"\npolicy {summary['policy']} | split {summary['split']} | n {summary['n']} | "
+    print(f"\npolicy {summary['policy']} | rules {summary.get('rules') or DEFAULT_RULES} | "
+          f"split {summary['split']} | n {summary['n']} | "
           f"{summary['wall_s']:.1f} s | {out}", file=stream)
     if "count" in summary and set(summary["count"]) <= set(CATEGORIES):
         print(paper_row(summary), file=stream)
@@ -335,7 +477,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    "tau2_retail, tau2_airline, tau2_telecom")
     p.add_argument("--memory-backends", default="kv,rec_sum",
                    help="bfcl_v4_memory backends to run (kv, rec_sum, vector; default kv,rec_sum)")
-    p.add_argument("--split", choices=["eval", "train", "all"], default="eval")
+    p.add_argument("--rules", choices=list(RULES), default=DEFAULT_RULES,
+                   help="rules profile of every episode: official = BFCL's own multi-turn pipeline (the number to "
+                   "compare with the leaderboard and BFCL-CLI papers); release = the authors' training "
+                   "environment (default; what training validation reports)")
+    p.add_argument("--resume", action="store_true", help="keep the finished tasks already in --out (an "
+                   "interrupted evaluation) and play only the rest")
+    p.add_argument("--split", choices=["eval", "train", "all"], default="eval",
+                   help="eval: the 400 held-in tasks (paper, training validation); all: the 800 multi-turn "
+                   "tasks (the leaderboard's set); train: the 400 training tasks")
     p.add_argument("--tasks", help="comma-separated task ids (overrides --split)")
     p.add_argument("--out", type=Path, help="evaluation directory (default evals/<policy>_<split>)")
     p.add_argument("--env-url", help="use this env service instead of starting one")
@@ -361,6 +511,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--run evaluates held-in; for OOD pass --policy hf:<checkpoint> --benchmark ...")
     if args.concurrency <= 0:
         p.error("--concurrency must be positive")
+    if args.rules == OFFICIAL and (args.official_availability or args.step_limit_scope or args.max_steps):
+        p.error("--rules official sets BFCL's own step and availability rules; --official-availability, "
+                "--step-limit-scope and --max-steps tune the release profile only")
+    if args.run and args.resume:
+        p.error("--resume resumes one evaluation directory; give --policy and --out")
     return args
 
 
@@ -374,7 +529,7 @@ def _service_settings(args: argparse.Namespace) -> ServiceSettings | None:
 
 def _default_out(args: argparse.Namespace) -> Path:
     name = (args.policy or "run").split("#")[-1].replace("/", "_").replace(":", "_").strip("_")
-    suffix = args.benchmark or args.split
+    suffix = args.benchmark or (args.split if args.rules == DEFAULT_RULES else f"{args.split}_{args.rules}")
     return Path("evals") / f"{name}_{suffix}"
 
 
@@ -401,13 +556,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1 if _errored(summary) else 0
         base = EvalRequest(policy=args.policy or "", out=args.out or _default_out(args), split=args.split,
                            tasks=tasks, env_url=args.env_url, concurrency=args.concurrency,
-                           service=_service_settings(args), options=options, progress=not args.no_progress)
+                           service=_service_settings(args), options=options, progress=not args.no_progress,
+                           rules=args.rules, resume=args.resume)
         if args.run:
             summaries = evaluate_run(args.run, args.backend, base)
             return 1 if any(_errored(s) for s in summaries.values()) else 0
         summary = evaluate(base)
         print_summary(summary, base.out)
         return 1 if _errored(summary) else 0
+    except EvaluationInterrupted as exc:
+        print_summary(exc.summary, base.out)
+        print(f"interrupted: {exc}; rerun with --resume to finish", file=sys.stderr)
+        return 128 + exc.signum
     except (PolicyError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -21,6 +21,7 @@ backend, text level (:class:`TextTurns` over its agent) otherwise.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -245,53 +246,82 @@ class VLLMGenerator:
 # --- OpenAI-compatible servers --------------------------------------------------------------------------
 
 
+MAX_REPLY_BYTES = 8 << 20  # a chat-completions reply larger than this is no answer (ours)
+
+
 class OpenAIChat:
     """Chat completions against an OpenAI-compatible server (text in, text out), greedy.
 
     Transport errors and 5xx/429 are retried `max_retries` times with exponential backoff; a 400 that says
     the context is too long raises `ContextLimitReached`; other 4xx and malformed replies raise
-    `PolicyError` (the task is recorded with the error, the evaluation goes on).
+    `PolicyError` (the task is recorded with the error, the evaluation goes on). Every call has an overall
+    deadline, `call_deadline` seconds for all its attempts together (a server trickling one byte at a time
+    never trips a socket timeout), and a reply body over `max_reply_bytes` is refused unread.
     """
 
     def __init__(self, base_url: str, model: str, max_tokens: int | None = 4096, timeout: float = 600.0,
                  max_retries: int = 3, backoff: float = 1.0, api_key: str | None = None,
-                 transport: httpx.AsyncBaseTransport | None = None):
+                 transport: httpx.AsyncBaseTransport | None = None, call_deadline: float = 900.0,
+                 max_reply_bytes: int = MAX_REPLY_BYTES):
         if not base_url.startswith(("http://", "https://")):
             raise PolicyError(f"openai: base URL must start with http:// or https://, got {base_url!r}")
         if not model:
             raise PolicyError("openai: give the model name after '#': openai:<base_url>#<model>")
+        if call_deadline <= 0 or max_reply_bytes <= 0:
+            raise PolicyError("openai: call_deadline and max_reply_bytes must be positive")
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = model
         self.max_tokens = max_tokens
         self.max_retries = max_retries
         self.backoff = backoff
+        self.call_deadline = call_deadline
+        self.max_reply_bytes = max_reply_bytes
         key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._http = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(timeout, connect=10.0),
                                        transport=transport, limits=httpx.Limits(max_connections=512))
 
     async def complete(self, messages: list[Message]) -> str:
+        try:
+            async with asyncio.timeout(self.call_deadline):
+                return await self._complete(messages)
+        except TimeoutError:
+            raise PolicyError(f"POST {self.url}: no complete reply within the call deadline "
+                              f"({self.call_deadline:g} s)") from None
+
+    async def _complete(self, messages: list[Message]) -> str:
         body: dict[str, Any] = {"model": self.model, "messages": messages, "temperature": 0.0, "top_p": 1.0}
         if self.max_tokens:
             body["max_tokens"] = self.max_tokens
         last = ""
         for attempt in range(self.max_retries + 1):
             try:
-                resp = await self._http.post(self.url, json=body)
+                status, raw = await self._post(body)
             except httpx.TransportError as exc:
                 last = f"{type(exc).__name__}: {exc}"
             else:
-                if resp.status_code == 200:
-                    return _completion_text(resp)
-                detail = resp.text[:500]
-                if resp.status_code == 400 and _is_context_error(detail):
+                if status == 200:
+                    return completion_text(raw)
+                detail = raw[:500].decode("utf-8", "replace")
+                if status == 400 and _is_context_error(detail):
                     raise ContextLimitReached(f"server refused the conversation as too long: {detail}")
-                if resp.status_code < 500 and resp.status_code != 429:
-                    raise PolicyError(f"POST {self.url} -> {resp.status_code}: {detail}")
-                last = f"HTTP {resp.status_code}: {detail}"
+                if status < 500 and status != 429:
+                    raise PolicyError(f"POST {self.url} -> {status}: {detail}")
+                last = f"HTTP {status}: {detail}"
             if attempt < self.max_retries:
                 await asyncio.sleep(self.backoff * 2**attempt)
         raise PolicyError(f"POST {self.url} failed after {self.max_retries + 1} attempts: {last}")
+
+    async def _post(self, body: dict[str, Any]) -> tuple[int, bytes]:
+        """One attempt: the status and the body, read as a stream so an oversized body is refused early."""
+        async with self._http.stream("POST", self.url, json=body) as resp:
+            chunks, size = [], 0
+            async for chunk in resp.aiter_bytes():
+                size += len(chunk)
+                if size > self.max_reply_bytes:
+                    raise PolicyError(f"POST {self.url}: reply body over {self.max_reply_bytes} bytes")
+                chunks.append(chunk)
+            return resp.status_code, b"".join(chunks)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -302,28 +332,41 @@ def _is_context_error(detail: str) -> bool:
     return "context" in text and ("length" in text or "maximum" in text or "too long" in text)
 
 
-def _completion_text(resp: httpx.Response) -> str:
+def _malformed(what: str, raw: Any) -> PolicyError:
+    return PolicyError(f"malformed chat-completions reply: {what}: {str(raw)[:300]!r}")
+
+
+def completion_text(raw: bytes) -> str:
+    """The reply text of a chat-completions body; anything that is not the documented shape raises PolicyError.
+
+    Structured tool calls (a server with a tool parser enabled) are turned back into the text protocol."""
     try:
-        payload = resp.json()
-        message = payload["choices"][0]["message"]
-    except (ValueError, KeyError, IndexError, TypeError) as exc:
-        raise PolicyError(f"malformed chat-completions reply ({type(exc).__name__}): {resp.text[:300]!r}") from None
-    content = message.get("content") if isinstance(message, dict) else None
-    # A server with a tool parser enabled may return structured calls; turn them back into the text protocol.
-    calls = message.get("tool_calls") if isinstance(message, dict) else None
-    parts = [content] if isinstance(content, str) and content else []
+        payload = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise _malformed("not JSON", raw[:300]) from None
+    choices = payload.get("choices") if isinstance(payload, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise _malformed("no choices", payload)
+    message = choices[0].get("message")
+    if not isinstance(message, dict):
+        raise _malformed("choices[0].message is not an object", message)
+    content, calls = message.get("content"), message.get("tool_calls")
+    if content is not None and not isinstance(content, str):
+        raise _malformed("content is not text", content)
+    if calls is not None and not isinstance(calls, list):
+        raise _malformed("tool_calls is not a list", calls)
+    parts = [content] if content else []
     for call in calls or []:
         function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict):
-            raise PolicyError(f"malformed tool call in chat-completions reply: {call!r}"[:300])
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str) or not name:
+            raise _malformed("a tool call without a function name", call)
         arguments = function.get("arguments")
-        try:
-            parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
-        except ValueError:
-            parsed = arguments  # left for the environment's parser to reject, as it would reject text
-        parts.append(format_tool_call(str(function.get("name")), parsed))
-    if content is not None and not isinstance(content, str):
-        raise PolicyError(f"chat-completions content is not text: {content!r}"[:300])
+        if isinstance(arguments, str):
+            # a string that is no JSON is left for the environment's parser to reject, as it would reject text
+            with contextlib.suppress(ValueError, RecursionError):
+                arguments = json.loads(arguments)
+        parts.append(format_tool_call(name, arguments))
     return "\n".join(parts)
 
 

@@ -15,15 +15,21 @@ it. The contract is ``docs/run_directory.md``; in short:
     end_reason, turns            the service's end reason and per-turn details (held-in)
     messages                     the transcript: system, user, assistant replies, observations
     error                        null, or why the task could not be played (it then counts as a failure)
+    rules                        the rules profile the episode ran under (``official`` | ``release``)
 
 OOD records add ``bfcl_category``, ``scenario``, ``force_quit``, ``final_answer``, ``possible_answers`` and
 ``verdict`` (built by ``seal.eval.ood.result_record``).
 
-``summary.json``: ``policy``, ``split``, ``n``, ``accuracy`` and ``stderr`` per category, ``count``,
+``summary.json``: ``policy``, ``split``, ``rules``, ``status`` (``running`` while the evaluation runs,
+``interrupted`` or ``complete``), ``n``, ``accuracy`` and ``stderr`` per category, ``count``,
 ``tag_counts`` and ``label_counts`` per category, ``wall_s``, ``notes``; held-in summaries with all four
 BFCL V3 categories add ``average`` (mean of the category means) to ``accuracy`` and ``stderr``; OOD summaries
 add ``breakdown`` (per BFCL sub-category); ``--run`` adds ``checkpoint``. Standard errors follow
 ``seal.report.stats``. OOD memory runs also write ``prereq_conversations.jsonl``.
+
+While an evaluation runs, each task's record is appended to ``results.jsonl`` as the task finishes
+(:class:`ResultsLog`), so an interrupted evaluation keeps every finished task and ``--resume`` plays only the
+rest; the finished file is rewritten in task order.
 
 A path given where an evaluation directory is expected may also be a run directory: it resolves to
 ``eval/last`` (the honest number), else to its only ``eval/<name>`` (:func:`resolve_eval_dir`).
@@ -55,7 +61,7 @@ class EvalDataError(ValueError):
 # --- per-task records ---------------------------------------------------------------------------------
 
 
-def record_from_rollout(rollout: Rollout, error: str | None = None) -> dict[str, Any]:
+def record_from_rollout(rollout: Rollout, error: str | None = None, rules: str | None = None) -> dict[str, Any]:
     """One ``results.jsonl`` line from a finished episode.
 
     An excluded episode or one that failed counts as a failure (accuracy 0) with `error` set: every task of
@@ -79,12 +85,13 @@ def record_from_rollout(rollout: Rollout, error: str | None = None) -> dict[str,
         "turns": result.get("turns"),
         "messages": rollout.messages,
         "error": error,
+        "rules": rules,
     }
 
 
-def error_record(task_id: str, error: str) -> dict[str, Any]:
+def error_record(task_id: str, error: str, rules: str | None = None) -> dict[str, Any]:
     """The record of a task that could not be played at all (it counts as a failure)."""
-    return record_from_rollout(Rollout(task_id=task_id, mode="eval", stop_reason="error"), error=error)
+    return record_from_rollout(Rollout(task_id=task_id, mode="eval", stop_reason="error"), error=error, rules=rules)
 
 
 def record_category(record: Mapping[str, Any], index: int = 0) -> str:
@@ -140,10 +147,12 @@ def summary_from_results(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]
 
 
 def build_summary(records: Sequence[Mapping[str, Any]], policy: str, split: str, wall_s: float,
-                  notes: Sequence[str]) -> dict[str, Any]:
+                  notes: Sequence[str], rules: str | None = None, status: str = "complete") -> dict[str, Any]:
     """A held-in ``summary.json``: :func:`summary_from_results` plus the evaluation's identity and notes."""
-    aggregate = summary_from_results(records)
-    return {"policy": policy, "split": split, **aggregate, "wall_s": round(wall_s, 3), "notes": list(notes)}
+    aggregate = summary_from_results(records) if records else {"n": 0, "accuracy": {}, "stderr": {}, "count": {},
+                                                                  "tag_counts": {}, "label_counts": {}}
+    return {"policy": policy, "split": split, "rules": rules, "status": status, **aggregate,
+            "wall_s": round(wall_s, 3), "notes": list(notes)}
 
 
 def ood_summary(records: Sequence[Mapping[str, Any]], split: str, policy: str, wall_s: float,
@@ -190,6 +199,46 @@ def write_eval_dir(out: Path, records: Sequence[Mapping[str, Any]], summary: Map
     for name, rows in (extra or {}).items():
         write_jsonl(out / name, rows)
     write_summary(out, summary)
+
+
+class ResultsLog:
+    """``results.jsonl`` of a running evaluation: each record appended (and flushed) as its task finishes.
+
+    ``ResultsLog(out, resume=True)`` keeps the records already there (read back with :meth:`records`; a
+    last line cut off by a kill is dropped); without `resume` the file starts empty."""
+
+    def __init__(self, out: Path, resume: bool = False):
+        out.mkdir(parents=True, exist_ok=True)
+        self.path = out / RESULTS_FILE
+        self.kept: list[dict[str, Any]] = []
+        if resume and self.path.is_file():
+            for line in self.path.read_text(encoding="utf-8").splitlines():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line half-written when the process was killed: that task is played again
+                if isinstance(record, dict) and isinstance(record.get("task_id"), str):
+                    self.kept.append(record)
+        write_jsonl(self.path, self.kept)  # rewrite without any cut-off line
+        self._handle = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - held for the whole evaluation
+
+    def append(self, record: Mapping[str, Any]) -> None:
+        self._handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._handle.flush()
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+def write_ordered(out: Path, records: Sequence[Mapping[str, Any]], order: Sequence[str]) -> list[Mapping[str, Any]]:
+    """Rewrite ``results.jsonl`` with one record per task, in `order` (tasks without a record left out),
+    through a temporary file so the file is never half-written. Returns the records written."""
+    by_id = {r["task_id"]: r for r in records}
+    ordered = [by_id[t] for t in order if t in by_id]
+    tmp = out / (RESULTS_FILE + ".tmp")
+    write_jsonl(tmp, ordered)
+    tmp.replace(out / RESULTS_FILE)
+    return ordered
 
 
 # --- reading ------------------------------------------------------------------------------------------

@@ -62,4 +62,6 @@ def env_service_args(cfg: Recipe) -> list[str]:
         args.append("--no-strict-availability")
     if cfg.env.release_reveal_note:
         args.append("--release-reveal-note")
+    if cfg.env.val_rules != "release":
+        args += ["--eval-rules", cfg.env.val_rules]
     return args

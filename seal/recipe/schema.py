@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from env_service.rules import RULES
 from seal.core.config import SealConfig
 from seal.core.config_parsing import field_problems, knob
 
@@ -81,6 +82,9 @@ class EnvConfig:
     strict_availability: bool = knob(True, source="release", help="held-out tools are refused before their reveal")
     release_reveal_note: bool = knob(False, source="ours",
                                      help="revealed docs carry BFCL's 'Python 3 syntax' note, as the release's (a bug)")
+    val_rules: str = knob("release", source="ours", choices=RULES,
+                          help="rules of validation (eval-mode) episodes on the service the launcher starts: "
+                          "release = the training environment; official = BFCL's own pipeline (docs/evaluation.md)")
     timeout_s: float = knob(300.0, source="release", ge=0, help="client timeout of one env-service request (seconds)")
     max_retries: int = knob(3, source="ours", ge=0, help="client retries of a failed request")
     max_restarts: int = knob(2, source="ours", ge=0,

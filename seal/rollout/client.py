@@ -345,6 +345,7 @@ class EnvClient:
         mode: str = "train",
         interface: Mapping[str, Any] | p.Interface | None = None,
         episode_id: str | None = None,
+        rules: str | None = None,
     ) -> p.CreateReply:
         """`POST /episodes` -> the episode's id, first messages, tools and info (retry rules: module doc).
 
@@ -354,7 +355,7 @@ class EnvClient:
             raise ValueError(f"mode must be train or eval, got {mode!r}")
         if isinstance(interface, p.Interface):
             interface = interface.to_dict()
-        request = p.CreateRequest(task_id=task_id, mode=mode, interface=interface)
+        request = p.CreateRequest(task_id=task_id, mode=mode, interface=interface, rules=rules)
         ours = episode_id is None
         eid = episode_id or uuid.uuid4().hex
         base = self._pick_replica()

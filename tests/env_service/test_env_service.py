@@ -90,6 +90,7 @@ def test_health_tasks_and_create_shape(service_url):
         "mode": "eval",
         "interface_version": 0,
         "step_limit": {"scope": "episode", "max_steps": 20},
+        "rules": "release",
     }
     assert len(body["tools"]) == len(load_tasks()["multi_turn_miss_func_0"].tools)
 
