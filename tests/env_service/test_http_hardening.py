@@ -7,7 +7,6 @@ import asyncio
 import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
