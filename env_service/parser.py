@@ -106,6 +106,20 @@ def _decode_block(text: str, start: int) -> tuple[Any, int]:
     return value, end
 
 
+def _block_error(text: str, body: int) -> str:
+    """The error of a malformed block starting at ``body``: an unclosed tag, or what ``json.loads`` says about the
+    text up to the next closing tag (the wording of the strict parser before the single pass; one more linear
+    pass, on the error path only)."""
+    close = text.find(CLOSE, body)
+    if close < 0:
+        return "found a <tool_call> tag without a matching, well-formed block"
+    try:
+        _loads(text[body:close].strip())
+    except ValueError as exc:
+        return f"the tool call is not valid JSON ({exc})"
+    return "found a <tool_call> tag without a matching, well-formed block"
+
+
 def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
     """One call in the layout this parser reads (Qwen/Hermes ``<tool_call>`` JSON)."""
     return f"{OPEN}\n{json.dumps({'name': name, 'arguments': arguments})}\n{CLOSE}"
@@ -136,23 +150,13 @@ def parse_tool_calls(text: str) -> ParsedMessage:
         body = _SPACE.match(text, start + len(OPEN)).end()
         try:
             value, end = _decode_block(text, body)
-        except ValueError as exc:
+            end = _SPACE.match(text, end).end()
+            well_formed = text.startswith(CLOSE, end)
+        except ValueError:
+            well_formed = False
+        if not well_formed:
             outside.append(text[start:])
-            # Tell an unclosed tag apart from bad JSON, as the messages (and φ_err's hints) do.
-            if text.find(CLOSE, body) < 0:
-                error = "found a <tool_call> tag without a matching, well-formed block"
-            else:
-                error = f"the tool call is not valid JSON ({exc})"
-            return ParsedMessage(content=_content(outside), error=error)
-        end = _SPACE.match(text, end).end()
-        if not text.startswith(CLOSE, end):
-            outside.append(text[start:])
-            error = (
-                "found a <tool_call> tag without a matching, well-formed block"
-                if text.find(CLOSE, end) < 0
-                else "the tool call is not valid JSON (extra text after the JSON value)"
-            )
-            return ParsedMessage(content=_content(outside), error=error)
+            return ParsedMessage(content=_content(outside), error=_block_error(text, body))
         call, error = _check_call(value)
         if error:
             outside.append(text[end + len(CLOSE) :])

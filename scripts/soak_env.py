@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
-import threading
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -83,30 +86,45 @@ def expensive_sequences(rng: random.Random) -> tuple[str | None, list[str]]:
     ])
 
 
-class Watchdog(threading.Thread):
-    def __init__(self, url: str) -> None:
-        super().__init__(daemon=True)
-        self.url, self.stop = url, threading.Event()
-        self.worst_health_s, self.health_failures, self.peak_rss, self.checks = 0.0, 0, 0, 0
-        self.stats: dict = {}
+class Watchdog:
+    """Polls ``/healthz`` (timed) and ``/stats`` (peak RSS) every 0.1 s from a separate process, so that the
+    soak's own CPU work (building megabyte bodies under the GIL) never shows up as service latency."""
 
-    def run(self) -> None:
-        with httpx.Client(timeout=10.0, headers=auth_headers()) as client:
-            while not self.stop.is_set():
-                started = time.perf_counter()
-                try:
-                    ok = client.get(f"{self.url}/healthz").status_code == 200
-                except httpx.HTTPError:
-                    ok = False
-                self.worst_health_s = max(self.worst_health_s, time.perf_counter() - started)
-                self.health_failures += not ok
-                self.checks += 1
-                try:
-                    self.stats = client.get(f"{self.url}/stats").json()
-                    self.peak_rss = max(self.peak_rss, self.stats["rss_bytes"])
-                except (httpx.HTTPError, ValueError, KeyError):
-                    pass
-                time.sleep(0.1)
+    def __init__(self, url: str, workdir: Path) -> None:
+        self.url, self.stop_file, self.out_file = url, workdir / "watch.stop", workdir / "watch.json"
+        self.worst_health_s, self.health_failures, self.peak_rss, self.checks = 0.0, 0, 0, 0
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, __file__, "--watch", self.url, str(self.stop_file),
+                                      str(self.out_file)], cwd=REPO)
+
+    def join(self) -> None:
+        self.stop_file.touch()
+        assert self.proc is not None
+        self.proc.wait(timeout=60)
+        figures = json.loads(self.out_file.read_text())
+        self.worst_health_s, self.health_failures = figures["worst_health_s"], figures["health_failures"]
+        self.peak_rss, self.checks = figures["peak_rss"], figures["checks"]
+
+
+def watch(url: str, stop_file: Path, out_file: Path) -> None:
+    worst, failures, peak, checks = 0.0, 0, 0, 0
+    with httpx.Client(timeout=10.0, headers=auth_headers()) as client:
+        while not stop_file.exists():
+            started = time.perf_counter()
+            try:
+                ok = client.get(f"{url}/healthz").status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            worst = max(worst, time.perf_counter() - started)
+            failures += not ok
+            checks += 1
+            with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+                peak = max(peak, client.get(f"{url}/stats").json()["rss_bytes"])
+            time.sleep(0.1)
+    out_file.write_text(json.dumps({"worst_health_s": worst, "health_failures": failures, "peak_rss": peak,
+                                    "checks": checks}))
 
 
 async def soak(url: str, seconds: float, concurrency: int, seed: int) -> dict:
@@ -170,7 +188,11 @@ async def soak(url: str, seconds: float, concurrency: int, seed: int) -> dict:
     return counts
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None) -> dict | None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--watch"]:  # the watchdog process (Watchdog.start)
+        watch(argv[1], Path(argv[2]), Path(argv[3]))
+        return None
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", default=None, help="an already running service (default: start one)")
     parser.add_argument("--seconds", type=float, default=45.0)
@@ -181,24 +203,24 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
 
     def run(url: str) -> dict:
-        watch = Watchdog(url)
-        watch.start()
-        started = time.monotonic()
-        try:
-            counts = asyncio.run(soak(url, args.seconds, args.concurrency, args.seed))
-        finally:
-            watch.stop.set()
-            watch.join()
+        with tempfile.TemporaryDirectory() as workdir:
+            watchdog = Watchdog(url, Path(workdir))
+            watchdog.start()
+            started = time.monotonic()
+            try:
+                counts = asyncio.run(soak(url, args.seconds, args.concurrency, args.seed))
+            finally:
+                watchdog.join()
         stats = httpx.get(f"{url}/stats", headers=auth_headers()).json()
         figures = {
             **counts,
             "wall_s": round(time.monotonic() - started, 1),
             "budget_refusals_total": stats["budget_refusals_total"],
             "worker_restarts_total": stats["worker_restarts_total"],
-            "health_checks": watch.checks,
-            "health_failures": watch.health_failures,
-            "worst_health_ms": round(watch.worst_health_s * 1000, 1),
-            "peak_rss_mb": round(watch.peak_rss / 2**20, 1),
+            "health_checks": watchdog.checks,
+            "health_failures": watchdog.health_failures,
+            "worst_health_ms": round(watchdog.worst_health_s * 1000, 1),
+            "peak_rss_mb": round(watchdog.peak_rss / 2**20, 1),
             "final_rss_mb": round(stats["rss_bytes"] / 2**20, 1),
             "open_episodes_after": stats["open_episodes"],
         }

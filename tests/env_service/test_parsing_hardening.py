@@ -41,7 +41,7 @@ def test_close_tag_inside_a_json_string_is_accepted():
 def test_adversarial_messages_parse_in_linear_time(text):
     parsed, seconds = _timed(parse_tool_calls, text)
     assert parsed.error and not parsed.calls
-    assert seconds < 0.05, seconds
+    assert seconds < 0.5, seconds  # quadratic was 18 s for the first one
 
 
 def test_many_valid_blocks_scale_linearly():
@@ -49,7 +49,7 @@ def test_many_valid_blocks_scale_linearly():
     small, t_small = _timed(parse_tool_calls, block * 500)
     large, t_large = _timed(parse_tool_calls, block * 5_000)
     assert len(small.calls) == 500 and len(large.calls) == 5_000
-    assert t_large < max(0.2, 30 * t_small)
+    assert t_large < max(1.0, 30 * t_small)
 
 
 @pytest.mark.parametrize("depth", [MAX_NESTING + 1, 5_000, 200_000])
@@ -88,6 +88,6 @@ def test_long_model_names_are_cut_in_error_messages():
 )
 def test_error_feedback_is_cheap_on_long_text(kind, message):
     hint, seconds = _timed(iface.error_feedback, kind, message, "a" * 50_000, ["ls", "cd"])
-    assert hint and seconds < 0.05, seconds
+    assert hint and seconds < 0.5, seconds  # quadratic: 26 s for the first one
     _, seconds = _timed(classify_tool_error, message)
-    assert seconds < 0.05, seconds
+    assert seconds < 0.5, seconds
