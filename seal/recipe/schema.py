@@ -116,6 +116,13 @@ class RolloutConfig:
     gpu_memory_utilization: float = knob(0.6, source="paper", gt=0, le=1,
                                          help="vLLM's share of GPU memory (release: 0.4)")
     tensor_parallel_size: int = knob(1, source="ours", ge=1, help="vLLM tensor parallelism")
+    generation_batch_size: int = knob(32, source="ours", ge=1,
+                                      help="local engine: model calls of concurrent episodes generated together (rows)")
+    generation_batch_tokens: int = knob(262144, source="ours", ge=1,
+                                        help="local engine: padded prompt tokens per generation batch (memory bound)")
+    deterministic_generation: bool = knob(False, source="ours",
+                                          help="local engine: one model call at a time, so a resumed run repeats "
+                                               "the uninterrupted one bit for bit (batched: up to rounding)")
 
 
 @dataclass(frozen=True)
