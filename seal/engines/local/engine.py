@@ -129,6 +129,10 @@ def setup(cfg: C.Recipe, run_dir: str | os.PathLike[str], generate_factory: Gene
     spe = C.steps_per_epoch(cfg, len(train_tasks))
 
     base_path = prepare_model_path(cfg)
+    if cfg.model.warm_start.enable:  # the starting policy (and the KL reference) is the warm-started model
+        from seal.engines.local.warm_start import build_warm_start
+
+        base_path = build_warm_start(cfg, base_path, train_tasks)
     resume_from = resume_point(cfg, run)
     load_path = resume_from if resume_from is not None else base_path
     tokenizer = AutoTokenizer.from_pretrained(str(load_path))
