@@ -9,8 +9,8 @@ succeeds:
    `<tool_call>` per step, a plain reply ends each turn). The rollout holds the exact token sequence a
    training episode would have (prompt, replies, observations), here without the `max_response_length` cut:
    the reward grades the whole episode, so the replies past the cut must be learnt too.
-2. Supervised steps (AdamW, all tasks every step, the prompts' KV caches held fixed between refreshes)
-   raise the log-likelihood of the reply tokens only (observation tokens are context). Every few steps it
+2. Supervised steps (AdamW, all tasks every step, no gradient through the long prompts) raise the
+   log-likelihood of the reply tokens only (observation tokens are context). Before every update it
    measures, per task, the probability that sampling at temperature 1 reproduces the whole ground-truth
    episode, p = exp(sum of reply-token log-probs), and stops once the mean p reaches `target_prob` (or
    after `max_steps`): a policy that succeeds some of the time, which is what gives GRPO groups mixed
@@ -146,13 +146,13 @@ def ground_truth_rollouts(cfg: C.Recipe, tokenizer: Any, tasks: Sequence[Task]) 
 
 # --------------------------------------------------------------------------- the supervised phase
 class _Example:
-    """One ground-truth episode for the supervised phase: the prompt's KV cache (no grad, refreshed now and
-    then) and the response, whose reply tokens are the targets.
+    """One ground-truth episode for the supervised phase: the prompt's KV cache and the response, whose reply
+    tokens are the targets.
 
-    Why a cached prompt: BFCL prompts are ~6k tokens of tool documentation, the replies a few hundred tokens;
-    running the prompt through the model and back at every step would cost ~10x more. Between refreshes the
-    prompt's keys and values are those of slightly older weights (the gradient does not flow into them); at
-    each refresh they are exact, and the stopping rule is only checked then.
+    Why the prompt runs without grad: BFCL prompts are ~6k tokens of tool documentation, the replies a few
+    hundred tokens; backpropagating through the prompt at every step would cost several times more. Its keys
+    and values are recomputed with the current weights every step (exact forward), only the gradient does not
+    flow back through them.
     """
 
     def __init__(self, rollout: Rollout):
@@ -186,30 +186,26 @@ class _Example:
 
 
 def supervised_phase(model: Any, rollouts: Sequence[Rollout], steps: int, lr: float, target_prob: float,
-                     seed: int = 0, refresh_every: int = 10) -> dict[str, Any]:
-    """AdamW on the reply tokens' mean negative log-likelihood until mean p(ground truth) >= target_prob.
+                     seed: int = 0) -> dict[str, Any]:
+    """AdamW (cosine-decayed lr) on the reply tokens' mean negative log-likelihood until mean p(ground truth)
+    >= target_prob.
 
-    p per task = exp(sum of its reply-token log-probs), measured with fresh prompt caches every
-    `refresh_every` steps (and at the end). Returns the steps taken, the loss and the per-task p of the model
-    as returned.
+    p per task = exp(sum of its reply-token log-probs), measured on the model before each update. Returns the
+    updates taken, the loss and the per-task p of the model as returned.
     """
     torch.manual_seed(seed)
     examples = [_Example(r) for r in rollouts]
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    # cosine decay over the step budget: large steps first, small ones to settle on the exact tokens
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 0.5 * (1.0 + math.cos(math.pi * min(k, steps) / steps)))
     total = sum(len(e.targets) for e in examples)
-    probs: list[float] = []
-    loss_value = math.nan
-    step = 0
     model.train()
-    while True:
-        exact = step % refresh_every == 0 or step == steps
-        if exact:
-            for e in examples:
-                e.refresh(model)
+    for step in range(steps + 1):
         opt.zero_grad(set_to_none=True)
         probs, loss_value = [], 0.0
         for e in examples:
+            e.refresh(model)
             logp = e.reply_logprobs(model)
             probs.append(math.exp(float(logp.sum().detach())))
             loss = -logp.sum() / total
@@ -217,13 +213,13 @@ def supervised_phase(model: Any, rollouts: Sequence[Rollout], steps: int, lr: fl
             if step < steps:
                 loss.backward()
         mean_p = sum(probs) / len(probs)
-        if exact:
+        if step % 10 == 0 or mean_p >= target_prob or step == steps:
             log.info("warm start step %d: loss %.3f, mean p(ground truth) %.3f", step, loss_value, mean_p)
-            if mean_p >= target_prob or step == steps:
-                break
+        if mean_p >= target_prob or step == steps:
+            break
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        step += 1
+        sched.step()
     model.eval()
     return {"steps": step, "loss": loss_value, "mean_prob": mean_p,
             "prob": {r.task_id: p for r, p in zip(rollouts, probs, strict=True)}}
