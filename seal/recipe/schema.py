@@ -60,7 +60,7 @@ class WarmStartConfig:
                              "replies (seal/engines/local/warm_start.py); the result is cached at path")
     path: str = knob("runs/_models/tiny_qwen2_warm", source="ours", help="where the warm-started model is kept")
     max_steps: int = knob(300, source="ours", ge=0, help="most supervised steps (each over every training task)")
-    lr: float = knob(3.0e-3, source="ours", gt=0, help="AdamW learning rate of the supervised phase")
+    lr: float = knob(1.0e-2, source="ours", gt=0, help="peak AdamW lr of the supervised phase (cosine decay)")
     target_prob: float = knob(0.3, source="ours", gt=0, le=1,
                               help="stop once sampling reproduces a ground-truth episode with this mean probability")
 
