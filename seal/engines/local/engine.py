@@ -1,9 +1,9 @@
 """The embedded `local` engine: SEAL's GRPO training loop in one process (CPU, or one GPU).
 
-Same agent loop, env service, SEAL controller and batching as the verl engine; generation is Hugging
-Face `generate` and the policy update uses verl's own loss functions (`verl.trainer.ppo.core_algos`:
-`compute_grpo_outcome_advantage`, `compute_policy_loss_vanilla` (dual-clip), `kl_penalty`,
-`agg_loss`).
+Same agent loop, env service, SEAL controller and batching as the verl engine; generation is batched
+Hugging Face decoding (`seal/rollout/hf_generation.py`) and the policy update uses verl's own loss
+functions (`verl.trainer.ppo.core_algos`: `compute_grpo_outcome_advantage`, `compute_policy_loss_vanilla`
+(dual-clip), `kl_penalty`, `agg_loss`).
 
 Read it top to bottom: `train` (the entry) and `setup` build a `LocalRun`; `training_step` is one SEAL
 step, every controller call in order (docs/engines.md, "One training step"); below it the plumbing
