@@ -383,6 +383,7 @@ class PolicyOptions:
     dtype: str = "auto"
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.85
+    hf_batch_size: int = 32  # hf: model calls of concurrent episodes generated together (1 = one at a time)
     openai_transport: httpx.AsyncBaseTransport | None = None  # tests
 
 
@@ -403,10 +404,12 @@ def parse_policy(spec: str, options: PolicyOptions | None = None) -> Policy:
     if kind == "hf":
         if not os.path.exists(rest):
             raise PolicyError(f"hf: no model directory at {rest!r}")
-        gen = HFGenerator.from_pretrained(rest, device=options.device, dtype=options.dtype)
+        gen = HFGenerator.from_pretrained(rest, device=options.device, dtype=options.dtype,
+                                          max_batch_size=options.hf_batch_size)
         backend = TokenBackend(gen.tokenizer, gen)
         return Policy(spec, "token", lambda task_id: text_agent_from_tokens(backend, options.max_tokens_per_call),
-                      token_backend=backend, notes=[f"hf: greedy Hugging Face generation on {gen.device}"])
+                      token_backend=backend, notes=[f"hf: greedy Hugging Face generation on {gen.device}, concurrent "
+                                                    f"calls batched (up to {gen.max_batch_size} rows)"])
     if kind == "vllm":
         vgen = VLLMGenerator(rest, options.tensor_parallel_size, options.gpu_memory_utilization,
                              options.max_model_len)

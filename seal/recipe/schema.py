@@ -55,12 +55,25 @@ class TinyModelConfig:
 
 
 @dataclass(frozen=True)
+class WarmStartConfig:
+    enable: bool = knob(False, source="ours",
+                        help="local engine: first a short supervised phase on the training tasks' ground-truth "
+                             "replies (seal/engines/local/warm_start.py); the result is cached at path")
+    path: str = knob("runs/_models/tiny_qwen2_warm", source="ours", help="where the warm-started model is kept")
+    max_steps: int = knob(300, source="ours", ge=0, help="most supervised steps (each over every training task)")
+    lr: float = knob(1.0e-2, source="ours", gt=0, help="peak AdamW lr of the supervised phase (cosine decay)")
+    target_prob: float = knob(0.3, source="ours", gt=0, le=1,
+                              help="stop once sampling reproduces a ground-truth episode with this mean probability")
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     path: str = knob("Qwen/Qwen2.5-7B-Instruct", source="paper",
                      help="hub id or local directory of the policy (release default: Qwen/Qwen3.5-4B)")
     build_tiny: bool = knob(False, source="ours",
                             help="local engine only: build a random tiny Qwen2 offline at model.path")
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     dtype: str = knob("bfloat16", source="release", choices=DTYPES,
                       help="parameter dtype (the local engine on CPU always computes in float32)")
 
@@ -128,6 +141,13 @@ class RolloutConfig:
     gpu_memory_utilization: float = knob(0.6, source="paper", gt=0, le=1,
                                          help="vLLM's share of GPU memory (release: 0.4)")
     tensor_parallel_size: int = knob(1, source="ours", ge=1, help="vLLM tensor parallelism")
+    generation_batch_size: int = knob(32, source="ours", ge=1,
+                                      help="local engine: model calls of concurrent episodes generated together (rows)")
+    generation_batch_tokens: int = knob(262144, source="ours", ge=1,
+                                        help="local engine: padded prompt tokens per generation batch (memory bound)")
+    deterministic_generation: bool = knob(False, source="ours",
+                                          help="local engine: one model call at a time, so a resumed run repeats "
+                                               "the uninterrupted one bit for bit (batched: up to rounding)")
 
 
 @dataclass(frozen=True)
@@ -214,4 +234,6 @@ class Recipe:
             problems.append("trainer.resume: auto | disable | <checkpoint dir>")
         if self.model.build_tiny and self.engine != "local":
             problems.append("model.build_tiny is for engine: local only")
+        if self.model.warm_start.enable and self.engine != "local":
+            problems.append("model.warm_start.enable is for engine: local only")
         return problems

@@ -1,10 +1,37 @@
 """Token-level generation with a local Hugging Face causal LM (the ``GenerateFn`` of the local engine and of
-``seal.evaluate --policy hf:<path>``): one sequence per call, token ids exactly as sampled."""
+``seal.evaluate --policy hf:<path>``): token ids exactly as sampled, one log-probability per token.
+
+Two layers:
+
+- `generate_batch(model, prompts, params, ...)`: the token-in/token-out function. Rows are left-padded
+  into one batch (attention mask and position ids say where each row starts), prefilled together and
+  decoded together with one KV cache; each row samples with its own `torch.Generator` seeded from its
+  own call (`call_seed`), stops on its own stop token or length, and leaves the batch when it does.
+- `HFGenerator`: the async `GenerateFn`. Model calls of concurrent episodes are queued and served
+  together by one worker thread (at most `max_batch_size` rows and `max_batch_tokens` padded prompt
+  tokens per batch); with `max_batch_size=1` calls run one at a time (the deterministic mode).
+
+Why not transformers' continuous batching: in the installed version (5.x) the manager has one sampling
+configuration and one seed for all requests, so per-call seeds (what makes a resumed run repeat the
+uninterrupted one) and per-call temperature do not fit; it also needs its own paged cache.
+
+Determinism. A row's sampled tokens depend only on its prompt, its seed and its logits. The logits of a
+row computed in a batch can differ from those computed alone in the last floating-point bits (other
+matrix shapes, padding); which calls share a batch depends on timing. So the batched mode is
+reproducible per call only up to those bits (greedy and sampled outputs agree with one-at-a-time
+generation unless two tokens are within rounding of a tie or of a sampling boundary), and one changed
+token changes the rest of its episode. One at a time (`max_batch_size=1`) computes every call alone,
+so results are bit-for-bit independent of concurrency and a resumed run repeats the uninterrupted one.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,63 +50,271 @@ def autocast_context(device: torch.device, dtype: torch.dtype | None):
     return torch.autocast(device_type="cuda", dtype=dtype)
 
 
-class HFGenerator:
-    """`GenerateFn` over a Hugging Face causal LM: one sequence per call, token ids as sampled.
+def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
+    """The tokenizer's eos plus the model's generation eos ids (Qwen2.5: `<|im_end|>` and `<|endoftext|>`)."""
+    stops = {int(tokenizer.eos_token_id)}
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(gen_eos, int):
+        stops.add(gen_eos)
+    elif isinstance(gen_eos, (list, tuple)):
+        stops.update(int(x) for x in gen_eos)
+    return sorted(stops)
 
-    Calls run in a worker thread (the event loop keeps serving the other episodes' HTTP traffic)
-    and are serialised by a lock (one model). Sampling at `temperature` with top_p/top_k; greedy
-    when temperature is 0. Stops on the tokenizer's eos and the model's generation eos ids (Qwen2.5:
-    `<|im_end|>` and `<|endoftext|>`); the stop token is kept in `token_ids`.
+
+# --------------------------------------------------------------------------- one batch, token in / token out
+def _row_generator(params: SamplingParams, prompt_len: int) -> torch.Generator | None:
+    """The row's own RNG (CPU, so the stream is the same on every device); None when greedy."""
+    if params.temperature <= 0.0:
+        return None
+    seed = call_seed(params.seed, prompt_len) if params.seed is not None else int(torch.randint(2**62, (1,)))
+    return torch.Generator().manual_seed(seed)
+
+
+def _filter(probs: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """One row's probabilities `[V]` with top-k / top-p applied (zeros outside; not renormalised)."""
+    if 0 < params.top_k < probs.numel():
+        kth = torch.topk(probs, params.top_k).values[-1]
+        probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
+    if params.top_p < 1.0:
+        sorted_p, order = torch.sort(probs, descending=True)
+        keep = (sorted_p.cumsum(0) - sorted_p) < float(params.top_p) * sorted_p.sum()  # always keeps the top token
+        probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
+    return probs
+
+
+def _sample(logits: torch.Tensor, params: Sequence[SamplingParams], gens: Sequence[torch.Generator | None]
+            ) -> tuple[list[int], list[float]]:
+    """One token per row from float32 logits `[n, V]`; returns (tokens, log-probs).
+
+    Greedy rows take the argmax of the raw logits. A sampled row draws one uniform number from its own
+    generator and inverts the cumulative distribution of softmax(logits / temperature) after top-k/top-p
+    (one draw per token, so the row's stream does not depend on the other rows). The log-prob is under
+    softmax(logits / temperature) before top-k/top-p (temperature 1 when greedy), the distribution
+    verl's recomputed log-probs use. Few passes over the vocabulary: with a 151,936-token vocabulary
+    and a small model they cost as much as the model itself.
+    """
+    tokens = [0] * len(params)
+    logps = [0.0] * len(params)
+    greedy = [i for i, g in enumerate(gens) if g is None]
+    rows = [i for i, g in enumerate(gens) if g is not None]
+    if greedy:
+        sub = logits[greedy]
+        top = sub.argmax(dim=-1)
+        chosen = sub.gather(-1, top.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(sub, dim=-1)
+        for j, i in enumerate(greedy):
+            tokens[i], logps[i] = int(top[j]), float(chosen[j])
+    if rows:
+        sub = logits[rows]
+        temps = torch.tensor([float(params[i].temperature) for i in rows], dtype=sub.dtype, device=sub.device)
+        if bool((temps != 1.0).any()):
+            sub = sub / temps.unsqueeze(-1)
+        top = sub.max(dim=-1, keepdim=True).values
+        probs = (sub - top).exp()  # unnormalised
+        lse = top.squeeze(-1) + probs.sum(dim=-1).log()
+        for j, i in enumerate(rows):
+            if 0 < params[i].top_k < probs.shape[-1] or params[i].top_p < 1.0:
+                probs[j] = _filter(probs[j], params[i])
+        cdf = probs.cumsum(dim=-1)
+        draws = torch.tensor([float(torch.rand((), generator=gens[i])) for i in rows], dtype=cdf.dtype,
+                             device=cdf.device)
+        picked = torch.searchsorted(cdf, (draws * cdf[:, -1]).unsqueeze(-1), right=True)
+        picked = picked.clamp(max=cdf.shape[-1] - 1)
+        chosen = sub.gather(-1, picked).squeeze(-1) - lse
+        for j, i in enumerate(rows):
+            tokens[i], logps[i] = int(picked[j, 0]), float(chosen[j])
+    return tokens, logps
+
+
+def _left_pad(rows: Sequence[torch.Tensor], width: int) -> torch.Tensor:
+    """Stack per-row cache tensors `[1, heads, len_i, dim]` into `[n, heads, width, dim]`, zeros on the left."""
+    out = rows[0].new_zeros((len(rows), rows[0].shape[1], width, rows[0].shape[3]))
+    for i, r in enumerate(rows):
+        out[i, :, width - r.shape[2]:] = r[0]
+    return out
+
+
+def generate_batch(model: Any, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams],
+                   stop_ids: Sequence[int], device: torch.device, autocast_dtype: torch.dtype | None = None
+                   ) -> list[Generation]:
+    """Generate for every prompt together; returns one `Generation` (tokens as sampled, log-probs) per row.
+
+    Each row has its own `SamplingParams` (temperature 0 = greedy; `max_tokens` required; `seed` gives the
+    row its own generator, seeded with `call_seed(seed, len(prompt))`). The stop token is kept in
+    `token_ids` (finish_reason "stop"); a row that reaches `max_tokens` ends with "length".
+    """
+    from transformers import DynamicCache
+
+    if len(prompts) != len(params) or not prompts:
+        raise ValueError(f"generate_batch: {len(prompts)} prompts and {len(params)} SamplingParams")
+    for p in params:
+        if not p.max_tokens:
+            raise ValueError("SamplingParams.max_tokens must be set (the agent loop sets it)")
+    if any(not p for p in prompts):
+        raise ValueError("generate_batch: empty prompt")
+    stops = set(int(s) for s in stop_ids)
+    bsz, width = len(prompts), max(len(p) for p in prompts)
+    gens = [_row_generator(p, len(q)) for p, q in zip(params, prompts, strict=True)]
+    tokens: list[list[int]] = [[] for _ in range(bsz)]
+    logps: list[list[float]] = [[] for _ in range(bsz)]
+    finish: list[str] = ["length"] * bsz
+    live = list(range(bsz))  # batch row -> request index
+    with torch.no_grad(), autocast_context(device, autocast_dtype):
+        # Prefill row by row (a long prompt fills the device alone; no padding, so each prompt's KV cache
+        # and first logits are exactly those of a call alone), then left-pad the caches into one batch.
+        caches, first = [], []
+        for p in prompts:
+            cache = DynamicCache(config=model.config)
+            ids = torch.as_tensor([list(p)], dtype=torch.long, device=device)
+            out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            caches.append(cache)
+            first.append(out.logits[:, -1, :].float())
+        cache = DynamicCache(ddp_cache_data=[(_left_pad([c.layers[k].keys for c in caches], width),
+                                              _left_pad([c.layers[k].values for c in caches], width))
+                                             for k in range(len(caches[0].layers))], config=model.config)
+        del caches
+        attn = torch.zeros((bsz, width), dtype=torch.long, device=device)
+        for i, p in enumerate(prompts):
+            attn[i, width - len(p):] = 1
+        next_pos = torch.as_tensor([[len(p)] for p in prompts], dtype=torch.long, device=device)
+        logits = torch.cat(first)
+        while True:
+            step_tokens, step_logps = _sample(logits, [params[r] for r in live], [gens[r] for r in live])
+            keep = []
+            for row, req in enumerate(live):
+                token, lp = step_tokens[row], step_logps[row]
+                tokens[req].append(token)
+                logps[req].append(lp)
+                if token in stops:
+                    finish[req] = "stop"
+                elif len(tokens[req]) < int(params[req].max_tokens):
+                    keep.append(row)
+            if not keep:
+                break
+            step = torch.as_tensor(step_tokens, dtype=torch.long, device=device).unsqueeze(-1)
+            if len(keep) < len(live):  # finished rows leave the batch (and the KV cache)
+                sel = torch.as_tensor(keep, dtype=torch.long, device=device)
+                cache.batch_select_indices(sel)
+                step, attn, next_pos = step[sel], attn[sel], next_pos[sel]
+                live = [live[r] for r in keep]
+            attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=-1)
+            out = model(input_ids=step, attention_mask=attn, position_ids=next_pos, past_key_values=cache,
+                        use_cache=True)
+            logits = out.logits[:, -1, :].float()
+            next_pos = next_pos + 1
+    return [Generation(tokens[i], finish[i], logps[i]) for i in range(bsz)]  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- the async GenerateFn
+@dataclass
+class _Call:
+    prompt_ids: list[int]
+    params: SamplingParams
+    future: concurrent.futures.Future
+    arrived: float
+
+
+def _settle(future: concurrent.futures.Future, result: Any = None, exc: BaseException | None = None) -> None:
+    """Resolve a call's future unless its episode was cancelled meanwhile."""
+    try:
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+    except concurrent.futures.InvalidStateError:
+        pass
+
+
+class HFGenerator:
+    """`GenerateFn` over a Hugging Face causal LM: concurrent calls are generated together.
+
+    Calls are queued; one worker thread (the event loop keeps serving the other episodes' HTTP traffic)
+    takes what is waiting, up to `max_batch_size` calls and `max_batch_tokens` padded prompt tokens,
+    after letting arrivals settle (it starts once no call has arrived for `batch_wait_s`, or the batch is
+    full, or the oldest call has waited `8 * batch_wait_s`), and runs `generate_batch`. Calls that arrive
+    during a batch wait for the next one. `max_batch_size=1`: one call at a time, in a worker thread.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, device: torch.device, autocast_dtype: torch.dtype | None = None):
+    def __init__(self, model: Any, tokenizer: Any, device: torch.device, autocast_dtype: torch.dtype | None = None,
+                 max_batch_size: int = 1, max_batch_tokens: int = 262_144, batch_wait_s: float = 0.02):
+        if max_batch_size < 1 or max_batch_tokens < 1 or batch_wait_s < 0:
+            raise ValueError(f"HFGenerator: max_batch_size={max_batch_size}, max_batch_tokens={max_batch_tokens}, "
+                             f"batch_wait_s={batch_wait_s}: need >= 1, >= 1, >= 0")
         self.model = model
         self.tokenizer = tokenizer
         self.device = device
         self.autocast_dtype = autocast_dtype
-        stops = {int(tokenizer.eos_token_id)}
-        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        if isinstance(gen_eos, int):
-            stops.add(gen_eos)
-        elif isinstance(gen_eos, (list, tuple)):
-            stops.update(int(x) for x in gen_eos)
-        self.stop_ids = sorted(stops)
+        self.stop_ids = stop_token_ids(model, tokenizer)
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else tokenizer.eos_token_id)
-        self.lock = threading.Lock()
+        self.max_batch_size = int(max_batch_size)
+        self.max_batch_tokens = int(max_batch_tokens)
+        self.batch_wait_s = float(batch_wait_s)
+        self.lock = threading.Lock()  # one model: one batch at a time
+        self._queue: list[_Call] = []
+        self._cv = threading.Condition()
+        self._worker: threading.Thread | None = None
+        self.batch_sizes: list[int] = []  # rows of every batch served (for benchmarks and metrics)
 
     async def __call__(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        return await asyncio.to_thread(self.generate_sync, prompt_ids, params)
+        if self.max_batch_size == 1:
+            return await asyncio.to_thread(self.generate_sync, prompt_ids, params)
+        if not params.max_tokens:  # fail in the caller, not in the batch it would share
+            raise ValueError("SamplingParams.max_tokens must be set (the agent loop sets it)")
+        call = _Call(list(prompt_ids), params, concurrent.futures.Future(), time.monotonic())
+        with self._cv:
+            if self._worker is None or not self._worker.is_alive():
+                self._worker = threading.Thread(target=self._serve, name="hf-generation", daemon=True)
+                self._worker.start()
+            self._queue.append(call)
+            self._cv.notify()
+        return await asyncio.wrap_future(call.future)
 
     def generate_sync(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        from transformers import GenerationConfig
+        """One call alone (blocking)."""
+        with self.lock:
+            self.batch_sizes.append(1)
+            return generate_batch(self.model, [prompt_ids], [params], self.stop_ids, self.device,
+                                  self.autocast_dtype)[0]
 
-        if not params.max_tokens:
-            raise ValueError("SamplingParams.max_tokens must be set (the agent loop sets it)")
-        greedy = params.temperature <= 0.0
-        gen_cfg = GenerationConfig(
-            max_new_tokens=int(params.max_tokens),
-            do_sample=not greedy,
-            temperature=None if greedy else float(params.temperature),
-            top_p=None if greedy else float(params.top_p),
-            top_k=None if greedy or params.top_k <= 0 else int(params.top_k),
-            eos_token_id=self.stop_ids,
-            pad_token_id=self.pad_id,
-        )
-        if not greedy and params.top_k <= 0:
-            gen_cfg.top_k = 0  # HF: 0 disables top-k (the model's default would be 50)
-        with self.lock, torch.no_grad(), autocast_context(self.device, self.autocast_dtype):
-            if params.seed is not None:
-                torch.manual_seed(call_seed(params.seed, len(prompt_ids)))
-            inputs = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
-            out = self.model.generate(inputs, attention_mask=torch.ones_like(inputs), generation_config=gen_cfg)
-        ids = out[0, len(prompt_ids) :].tolist()
-        if ids and ids[-1] in self.stop_ids:
-            return Generation(ids, "stop")
-        return Generation(ids, "length")
+    # ---- the worker
+    def _take(self) -> list[_Call]:
+        """Wait for calls, let arrivals settle, and take the next batch (oldest first). Holds `_cv`."""
+        while not self._queue:
+            self._cv.wait()
+        while len(self._queue) < self.max_batch_size:
+            now = time.monotonic()
+            quiet = now - self._queue[-1].arrived
+            if quiet >= self.batch_wait_s or now - self._queue[0].arrived >= 8 * self.batch_wait_s:
+                break
+            self._cv.wait(timeout=self.batch_wait_s - quiet)
+        batch: list[_Call] = []
+        for call in self._queue:
+            width = max([len(c.prompt_ids) for c in batch] + [len(call.prompt_ids)])
+            if batch and (len(batch) >= self.max_batch_size or width * (len(batch) + 1) > self.max_batch_tokens):
+                break
+            batch.append(call)
+        del self._queue[:len(batch)]
+        return batch
+
+    def _serve(self) -> None:
+        while True:
+            with self._cv:
+                batch = self._take()
+            try:
+                with self.lock:
+                    self.batch_sizes.append(len(batch))
+                    outs = generate_batch(self.model, [c.prompt_ids for c in batch], [c.params for c in batch],
+                                          self.stop_ids, self.device, self.autocast_dtype)
+            except BaseException as exc:  # noqa: BLE001 - every waiting episode gets the error, the worker lives on
+                for c in batch:
+                    _settle(c.future, exc=exc)
+                continue
+            for c, out in zip(batch, outs, strict=True):
+                _settle(c.future, result=out)
 
     @classmethod
-    def from_pretrained(cls, path: str, device: str | None = None, dtype: str = "auto") -> HFGenerator:
+    def from_pretrained(cls, path: str, device: str | None = None, dtype: str = "auto",
+                        max_batch_size: int = 1) -> HFGenerator:
         """Load a model directory; ``device`` None = CUDA when available; ``dtype`` a torch dtype name or auto."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -87,4 +322,4 @@ class HFGenerator:
         torch_dtype = getattr(torch, dtype) if dtype != "auto" else "auto"
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device).eval()
-        return cls(model, tokenizer, torch.device(device))
+        return cls(model, tokenizer, torch.device(device), max_batch_size=max_batch_size)

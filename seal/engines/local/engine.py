@@ -1,17 +1,19 @@
 """The embedded `local` engine: SEAL's GRPO training loop in one process (CPU, or one GPU).
 
-Same agent loop, env service, SEAL controller and batching as the verl engine; generation is Hugging
-Face `generate` and the policy update uses verl's own loss functions (`verl.trainer.ppo.core_algos`:
-`compute_grpo_outcome_advantage`, `compute_policy_loss_vanilla` (dual-clip), `kl_penalty`,
-`agg_loss`).
+Same agent loop, env service, SEAL controller and batching as the verl engine; generation is batched
+Hugging Face decoding (`seal/rollout/hf_generation.py`) and the policy update uses verl's own loss
+functions (`verl.trainer.ppo.core_algos`: `compute_grpo_outcome_advantage`, `compute_policy_loss_vanilla`
+(dual-clip), `kl_penalty`, `agg_loss`).
 
 Read it top to bottom: `train` (the entry) and `setup` build a `LocalRun`; `training_step` is one SEAL
 step, every controller call in order (docs/engines.md, "One training step"); below it the plumbing
 (data order, validation, checkpoint I/O, log-probs and the PPO update, small helpers).
 
 Determinism: every model call is seeded from (seed, step, request index, prompt length), so a run
-resumed from a checkpoint continues exactly as the uninterrupted run (on the same device and
-thread count).
+resumed from a checkpoint continues as the uninterrupted run. Exactly (bit for bit, on the same device
+and thread count) with `rollout.deterministic_generation`, where every call is computed alone; in the
+default batched generation a call's logits can differ in the last bits with the batch it shared
+(`seal/rollout/hf_generation.py`).
 """
 
 from __future__ import annotations
@@ -127,6 +129,10 @@ def setup(cfg: C.Recipe, run_dir: str | os.PathLike[str], generate_factory: Gene
     spe = C.steps_per_epoch(cfg, len(train_tasks))
 
     base_path = prepare_model_path(cfg)
+    if cfg.model.warm_start.enable:  # the starting policy (and the KL reference) is the warm-started model
+        from seal.engines.local.warm_start import build_warm_start
+
+        base_path = build_warm_start(cfg, base_path, train_tasks)
     resume_from = resume_point(cfg, run)
     load_path = resume_from if resume_from is not None else base_path
     tokenizer = AutoTokenizer.from_pretrained(str(load_path))
@@ -147,7 +153,8 @@ def setup(cfg: C.Recipe, run_dir: str | os.PathLike[str], generate_factory: Gene
     logger = MetricsLogger(run.root, list(cfg.trainer.logger), resume_step=start_step if resume_from else None,
                            wandb_project=cfg.trainer.wandb_project, experiment_name=cfg.experiment_name,
                            config=C.to_container(cfg))
-    generate = (generate_factory or (lambda m, t, d: HFGenerator(m, t, d, autocast_dtype)))(model, tokenizer, device)
+    generate = (generate_factory or (lambda m, t, d: hf_generator(cfg, m, t, d, autocast_dtype)))(
+        model, tokenizer, device)
     pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
     log.info("local engine: %d train tasks, %d val tasks, %d steps (%d per epoch), device %s, run %s",
              len(train_tasks), len(val_tasks), total_steps, spe, device, controller.run_id)
@@ -404,6 +411,15 @@ def _dtypes(cfg: C.Recipe, device: torch.device) -> torch.dtype | None:
     if device.type != "cuda" or cfg.model.dtype == "float32":
         return None
     return torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float16
+
+
+def hf_generator(cfg: C.Recipe, model: Any, tokenizer: Any, device: torch.device,
+                 autocast_dtype: torch.dtype | None) -> HFGenerator:
+    """HF generation: concurrent episodes' calls batched, or one at a time with `deterministic_generation`."""
+    rollout = cfg.rollout
+    return HFGenerator(model, tokenizer, device, autocast_dtype,
+                       max_batch_size=1 if rollout.deterministic_generation else rollout.generation_batch_size,
+                       max_batch_tokens=rollout.generation_batch_tokens)
 
 
 def prepare_model_path(cfg: C.Recipe) -> Path:

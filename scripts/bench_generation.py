@@ -1,0 +1,118 @@
+"""Tokens/s of the local engine's generation: concurrent episodes batched against one call at a time.
+
+Each simulated episode makes `--calls` model calls through `seal.rollout.hf_generation.HFGenerator`
+(the engine's `GenerateFn`): a prompt of about `--prompt-tokens` tokens, then after every call the
+sampled tokens plus an `--observation-tokens` observation (random ids) are appended, after an
+`--env-ms` pause standing in for the env service. The same episodes, seeds and sampling (temperature 1,
+the training setting) run twice in one process, side by side: `max_batch_size=1` (one sequence at a
+time, the deterministic mode) and `max_batch_size=--episodes` (the default). Target: >= 3x on CPU with
+the tiny model, >= 10x at 32 episodes with `--model qwen0.5b --device cuda` (random weights with the
+shape of Qwen2.5-0.5B, bf16; no download).
+
+    python scripts/bench_generation.py [--episodes 32] [--calls 3] [--prompt-tokens 1024] [--max-tokens 32]
+    python scripts/bench_generation.py --model qwen0.5b --device cuda --prompt-tokens 4096 --max-tokens 128
+
+The last line reads `speedup N.N×`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import time
+
+import torch
+
+from seal.rollout.codec import EOS_TOKEN_ID, PAD_TOKEN_ID, QWEN25_MODEL_VOCAB_SIZE, build_qwen_tokenizer
+from seal.rollout.hf_generation import HFGenerator
+from seal.rollout.types import Generation, SamplingParams
+
+
+def build_model(kind: str, device: torch.device):
+    """The tiny model of `exp/tiny_cpu.yaml` (float32) or a random Qwen2.5-0.5B-shaped one (bf16 on CUDA)."""
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    from seal.tiny_model import tiny_qwen2_config
+
+    torch.manual_seed(0)
+    if kind == "tiny":
+        config = tiny_qwen2_config()
+    else:  # Qwen2.5-0.5B-Instruct's shape (config.json of the Hub model)
+        config = Qwen2Config(vocab_size=QWEN25_MODEL_VOCAB_SIZE, hidden_size=896, intermediate_size=4864,
+                             num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                             max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                             tie_word_embeddings=True, bos_token_id=PAD_TOKEN_ID, eos_token_id=EOS_TOKEN_ID,
+                             pad_token_id=PAD_TOKEN_ID)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(eos_token_id=[EOS_TOKEN_ID, PAD_TOKEN_ID], pad_token_id=PAD_TOKEN_ID)
+    dtype = torch.bfloat16 if kind != "tiny" and device.type == "cuda" else torch.float32
+    return model.to(device=device, dtype=dtype).eval()
+
+
+async def run_episodes(gen: HFGenerator, args: argparse.Namespace) -> tuple[float, list[list[Generation]]]:
+    """All episodes concurrently; returns (wall seconds, each episode's generations)."""
+    vocab = 150_000  # ordinary tokens only (ids below the special tokens)
+
+    async def episode(i: int) -> list[Generation]:
+        rng = random.Random(i)
+        ids = [rng.randrange(vocab) for _ in range(args.prompt_tokens + rng.randrange(-64, 65))]
+        outs = []
+        for _ in range(args.calls):
+            params = SamplingParams(temperature=1.0, max_tokens=args.max_tokens, seed=1000 + i)
+            out = await gen(ids, params)
+            outs.append(out)
+            await asyncio.sleep(rng.uniform(0.5, 1.5) * args.env_ms / 1000.0)
+            ids = ids + out.token_ids + [rng.randrange(vocab) for _ in range(args.observation_tokens)]
+        return outs
+
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*(episode(i) for i in range(args.episodes)))
+    return time.perf_counter() - t0, list(results)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--episodes", type=int, default=32)
+    parser.add_argument("--calls", type=int, default=3, help="model calls per episode")
+    parser.add_argument("--prompt-tokens", type=int, default=1024, help="first prompt (+-64)")
+    parser.add_argument("--observation-tokens", type=int, default=48)
+    parser.add_argument("--max-tokens", type=int, default=32, help="tokens per call")
+    parser.add_argument("--env-ms", type=float, default=5.0, help="mean pause between calls (the env step)")
+    parser.add_argument("--model", choices=["tiny", "qwen0.5b"], default="tiny")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+    args = parser.parse_args()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    tokenizer = build_qwen_tokenizer()
+    model = build_model(args.model, device)
+    params_m = sum(p.numel() for p in model.parameters()) / 1e6
+    print(f"model {args.model} ({params_m:.1f}M parameters, {next(model.parameters()).dtype}) on {device}, "
+          f"{torch.get_num_threads()} CPU threads; {args.episodes} episodes x {args.calls} calls, prompt "
+          f"~{args.prompt_tokens} tokens, {args.max_tokens} tokens per call, temperature 1")
+
+    rows, outputs = [], {}
+    for name, batch in (("one at a time", 1), ("batched", args.episodes)):
+        gen = HFGenerator(model, tokenizer, device, max_batch_size=batch)
+        asyncio.run(run_episodes(gen, argparse.Namespace(**{**vars(args), "episodes": 1, "calls": 1})))  # warm-up
+        gen.batch_sizes.clear()
+        wall, outs = asyncio.run(run_episodes(gen, args))
+        tokens = sum(len(o.token_ids) for ep in outs for o in ep)
+        rows.append((name, len(gen.batch_sizes), statistics.mean(gen.batch_sizes), tokens, wall, tokens / wall))
+        outputs[name] = outs
+
+    pairs = [(a, b) for ea, eb in zip(*outputs.values(), strict=True) for a, b in zip(ea, eb, strict=True)]
+    same = sum(a.token_ids == b.token_ids for a, b in pairs)
+    print("\n| mode | batches | rows per batch | tokens | wall s | tokens/s |\n|---|---:|---:|---:|---:|---:|")
+    for name, batches, mean_rows, tokens, wall, tps in rows:
+        print(f"| {name} | {batches} | {mean_rows:.1f} | {tokens} | {wall:.1f} | {tps:.0f} |")
+    print(f"\ncalls with identical tokens in both modes: {same}/{args.episodes * args.calls}")
+    print(f"speedup {rows[1][5] / rows[0][5]:.1f}×")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

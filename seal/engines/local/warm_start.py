@@ -1,0 +1,225 @@
+"""Warm start of the embedded default: a short supervised phase on the training tasks' ground-truth replies.
+
+A random tiny model never solves a BFCL task, so every GRPO group is all zeros and nothing of SEAL moves.
+`build_warm_start` (`model.warm_start.enable`) gives the local engine a starting policy that sometimes
+succeeds:
+
+1. Each training task is played once against the env service, in training mode on the initial interface
+   Ω_0, by a policy that replays the task's ground truth (`env_service.tasks.ground_truth_replies`: one
+   `<tool_call>` per step, a plain reply ends each turn). The rollout holds the exact token sequence a
+   training episode would have (prompt, replies, observations), here without the `max_response_length` cut:
+   the reward grades the whole episode, so the replies past the cut must be learnt too.
+2. Supervised steps (AdamW, all tasks every step, no gradient through the long prompts) raise the
+   log-likelihood of the reply tokens only (observation tokens are context). Before every update it
+   measures, per task, the probability that sampling at temperature 1 reproduces the whole ground-truth
+   episode, p = exp(sum of reply-token log-probs), and stops once the mean p reaches `target_prob` (or
+   after `max_steps`): a policy that succeeds some of the time, which is what gives GRPO groups mixed
+   rewards. p is a lower bound of the success rate (other replies can pass too: any plain text ends a turn).
+3. The model is saved to `model.warm_start.path` with `warm_start.json` (the inputs it was built from and
+   the per-task p); a later run with the same inputs loads it instead of rebuilding.
+
+It memorises these tasks; it does not teach tool use in general (validation tasks stay at zero).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from seal import recipe as C
+from seal.engines.data import Task
+from seal.rollout.client import EnvClient
+from seal.rollout.episode import EpisodeRequest, run_batch
+from seal.rollout.types import Generation, Rollout, RolloutLimits, SamplingParams
+
+log = logging.getLogger("seal.engines.local.warm_start")
+
+INFO_FILE = "warm_start.json"
+
+
+def build_warm_start(cfg: C.Recipe, base_path: Path, tasks: Sequence[Task]) -> Path:
+    """The warm-started model directory for `cfg` (built from `base_path` on `tasks`, or the cached one)."""
+    ws = cfg.model.warm_start
+    out = Path(ws.path)
+    key = cache_key(cfg, base_path, tasks)
+    info_file = out / INFO_FILE
+    if info_file.is_file() and json.loads(info_file.read_text()).get("key") == key:
+        log.info("warm start: using %s", out)
+        return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    t0 = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(str(base_path))
+    model = AutoModelForCausalLM.from_pretrained(str(base_path), dtype=torch.float32)
+    rollouts = ground_truth_rollouts(cfg, tokenizer, tasks)
+    log.info("warm start: supervised phase on %d ground-truth episodes (%d reply tokens)", len(rollouts),
+             sum(sum(r.response_mask) for r in rollouts))
+    summary = supervised_phase(model, rollouts, steps=ws.max_steps, lr=ws.lr, target_prob=ws.target_prob,
+                               seed=cfg.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    summary |= {"key": key, "base": str(base_path), "tasks": [r.task_id for r in rollouts],
+                "seconds": round(time.perf_counter() - t0, 1)}
+    info_file.write_text(json.dumps(summary, indent=1) + "\n")
+    log.info("warm start: %d steps, mean p(ground truth) %.3f, %.0f s -> %s", summary["steps"],
+             summary["mean_prob"], summary["seconds"], out)
+    return out
+
+
+def cache_key(cfg: C.Recipe, base_path: Path, tasks: Sequence[Task]) -> str:
+    """What the warm start depends on: the base model, the tasks, the knobs, the episode's limits and Ω_0."""
+    base_cfg = (base_path / "config.json").read_text() if (base_path / "config.json").is_file() else str(base_path)
+    parts = {"base": base_cfg, "tiny": C.to_container(cfg)["model"]["tiny"] if cfg.model.build_tiny else None,
+             "tasks": [t.task_id for t in tasks], "warm_start": C.to_container(cfg)["model"]["warm_start"],
+             "limits": repr(C.rollout_limits(cfg)), "interface": C.to_container(cfg)["seal"]["interface"],
+             "seed": cfg.seed}
+    parts["warm_start"].pop("path", None)
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------- the ground-truth episodes
+class GroundTruthReplay:
+    """`GenerateFn` replaying each task's ground-truth replies; the episode is `params.seed` (its request index).
+
+    The reply index is the number of assistant turns already in the prompt, so an episode restarted by the
+    driver replays from the start again.
+    """
+
+    def __init__(self, tokenizer: Any, task_ids: Sequence[str]):
+        from env_service.tasks import ground_truth_replies
+
+        self.eos = int(tokenizer.eos_token_id)
+        self.marker = tokenizer.encode("<|im_start|>assistant", add_special_tokens=False)
+        self.scripts = [[tokenizer.encode(t, add_special_tokens=False) + [self.eos] for t in ground_truth_replies(task)]
+                        for task in task_ids]
+
+    async def __call__(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        m = self.marker
+        calls = sum(prompt_ids[i:i + len(m)] == m for i in range(len(prompt_ids) - len(m) + 1)) - 1
+        script = self.scripts[int(params.seed)]
+        ids = script[min(calls, len(script) - 1)][: int(params.max_tokens)]
+        return Generation(list(ids), "stop" if ids[-1] == self.eos else "length")
+
+
+def full_episode_limits(cfg: C.Recipe) -> RolloutLimits:
+    """The recipe's limits without the response cut: a success needs every reply, also those past the cut."""
+    limits = C.rollout_limits(cfg)
+    return replace(limits, max_response_length=limits.max_model_len)  # the context limit still ends it
+
+
+def ground_truth_rollouts(cfg: C.Recipe, tokenizer: Any, tasks: Sequence[Task]) -> list[Rollout]:
+    """One ground-truth episode per task, as training plays it (mode train, Ω_0); the passing ones."""
+    from seal.core.controller import SealController
+
+    omega = SealController(cfg.seal).interface("train")
+    task_ids = [t.task_id for t in tasks]
+    requests = [EpisodeRequest(t, "train", omega, SamplingParams(temperature=1.0, seed=i))
+                for i, t in enumerate(task_ids)]
+
+    async def play() -> list[Rollout]:
+        async with EnvClient(list(cfg.env.urls), timeout=cfg.env.timeout_s, max_retries=cfg.env.max_retries) as c:
+            return await run_batch(c, GroundTruthReplay(tokenizer, task_ids), tokenizer, requests,
+                                   limits=full_episode_limits(cfg), concurrency=cfg.rollout.concurrency,
+                                   max_restarts=cfg.env.max_restarts)
+
+    rollouts = asyncio.run(play())  # (limits without the response cut: the whole episode is learnt)
+    kept = [r for r in rollouts if not r.excluded and r.accuracy == 1.0 and sum(r.response_mask)]
+    for r in rollouts:
+        if r not in kept:
+            log.warning("warm start: the ground truth of %s does not pass here (accuracy %s, excluded %s); "
+                        "left out", r.task_id, r.accuracy, r.exclude_reason)
+    if not kept:
+        raise RuntimeError("warm start: no training task's ground truth passes; nothing to learn from")
+    return kept
+
+
+# --------------------------------------------------------------------------- the supervised phase
+class _Example:
+    """One ground-truth episode for the supervised phase: the prompt's KV cache and the response, whose reply
+    tokens are the targets.
+
+    Why the prompt runs without grad: BFCL prompts are ~6k tokens of tool documentation, the replies a few
+    hundred tokens; backpropagating through the prompt at every step would cost several times more. Its keys
+    and values are recomputed with the current weights every step (exact forward), only the gradient does not
+    flow back through them.
+    """
+
+    def __init__(self, rollout: Rollout):
+        self.rollout = rollout
+        self.prompt = torch.as_tensor([rollout.prompt_ids], dtype=torch.long)
+        self.response = torch.as_tensor([rollout.response_ids], dtype=torch.long)
+        # response positions j whose token is a reply token; its logits come from position j - 1
+        self.targets = torch.as_tensor([j for j, m in enumerate(rollout.response_mask) if m], dtype=torch.long)
+        self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.last_hidden: torch.Tensor | None = None
+
+    def refresh(self, model: Any) -> None:
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=model.config)
+        with torch.no_grad():
+            out = model.get_decoder()(input_ids=self.prompt, past_key_values=cache, use_cache=True)
+        self.kv = [(layer.keys, layer.values) for layer in cache.layers]
+        self.last_hidden = out.last_hidden_state[0, -1:]
+
+    def reply_logprobs(self, model: Any) -> torch.Tensor:
+        """Log-probs of the reply tokens, with grad (the LM head only on reply positions: with a 151,936-token
+        vocabulary it costs more than the rest of a tiny model)."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(ddp_cache_data=self.kv, config=model.config)
+        hidden = model.get_decoder()(input_ids=self.response, past_key_values=cache, use_cache=True)
+        hidden = torch.cat([self.last_hidden, hidden.last_hidden_state[0]])  # hidden[j] predicts response[j]
+        logits = model.get_output_embeddings()(hidden[self.targets]).float()
+        return torch.log_softmax(logits, dim=-1).gather(-1, self.response[0, self.targets].unsqueeze(-1)).squeeze(-1)
+
+
+def supervised_phase(model: Any, rollouts: Sequence[Rollout], steps: int, lr: float, target_prob: float,
+                     seed: int = 0) -> dict[str, Any]:
+    """AdamW (cosine-decayed lr) on the reply tokens' mean negative log-likelihood until mean p(ground truth)
+    >= target_prob.
+
+    p per task = exp(sum of its reply-token log-probs), measured on the model before each update. Returns the
+    updates taken, the loss and the per-task p of the model as returned.
+    """
+    torch.manual_seed(seed)
+    examples = [_Example(r) for r in rollouts]
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    # cosine decay over the step budget: large steps first, small ones to settle on the exact tokens
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 0.5 * (1.0 + math.cos(math.pi * min(k, steps) / steps)))
+    total = sum(len(e.targets) for e in examples)
+    model.train()
+    for step in range(steps + 1):
+        opt.zero_grad(set_to_none=True)
+        probs, loss_value = [], 0.0
+        for e in examples:
+            e.refresh(model)
+            logp = e.reply_logprobs(model)
+            probs.append(math.exp(float(logp.sum().detach())))
+            loss = -logp.sum() / total
+            loss_value += float(loss.detach())
+            if step < steps:
+                loss.backward()
+        mean_p = sum(probs) / len(probs)
+        if step % 10 == 0 or mean_p >= target_prob or step == steps:
+            log.info("warm start step %d: loss %.3f, mean p(ground truth) %.3f", step, loss_value, mean_p)
+        if mean_p >= target_prob or step == steps:
+            break
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+    model.eval()
+    return {"steps": step, "loss": loss_value, "mean_prob": mean_p,
+            "prob": {r.task_id: p for r, p in zip(rollouts, probs, strict=True)}}
