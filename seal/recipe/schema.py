@@ -25,8 +25,12 @@ from seal.core.config_parsing import field_problems, knob
 
 ENGINES = ("verl", "local")
 DTYPES = ("bfloat16", "float16", "float32")
+# Hugging Face attention backends the trainer may load the policy with; `auto` is resolved by the engine
+# (seal.engines.verl.config.resolve_attn_implementation: FlashAttention-2 when flash_attn imports, else sdpa).
+ATTN_IMPLEMENTATIONS = ("auto", "flash_attention_2", "sdpa", "eager")
 STEP_LIMIT_SCOPES = ("episode", "turn")
 LOGGERS = ("console", "jsonl", "wandb")
+TRAINER_DEVICES = ("cuda", "cpu")
 # verl.trainer.ppo.core_algos.kl_penalty / agg_loss accept these.
 KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -62,6 +66,9 @@ class ModelConfig:
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     dtype: str = knob("bfloat16", source="release", choices=DTYPES,
                       help="parameter dtype (the local engine on CPU always computes in float32)")
+    attn_implementation: str = knob("auto", source="ours", choices=ATTN_IMPLEMENTATIONS,
+                                    help="verl engine: attention of the FSDP actor/reference; auto = "
+                                         "flash_attention_2 when flash_attn imports, else sdpa")
 
 
 @dataclass(frozen=True)
@@ -156,6 +163,9 @@ class TrainerConfig:
                             help="metric that picks the best checkpoint (release: val/accuracy/multi_turn_base)")
     n_gpus_per_node: int = knob(4, source="paper", ge=1, help="GPUs per node")
     nnodes: int = knob(1, source="paper", ge=1, help="nodes")
+    device: str = knob("cuda", source="ours", choices=TRAINER_DEVICES,
+                       help="verl engine: cuda (FSDP + vLLM) or cpu (gloo + the Hugging Face rollout server; "
+                            "debugging, exp/tiny_verl_cpu.yaml)")
     logger: list[str] = knob(["console", "jsonl"], source="ours", choices=LOGGERS,
                              help="metric sinks; wandb runs offline without WANDB_API_KEY")
     wandb_project: str = knob("seal", source="ours", help="wandb project name")

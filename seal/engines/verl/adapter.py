@@ -265,6 +265,8 @@ class TrainerAdapter(PPOTrainerSync):
         if path is not None:
             # verl creates the logger after loading a checkpoint: a fresh run starts a new file, a resumed
             # one drops what the interrupted run logged after its checkpoint (as the local engine does).
+            # The run directory may not exist yet (verl called directly, not through the launcher).
+            path.parent.mkdir(parents=True, exist_ok=True)
             trim_metrics(path, keep_through=int(getattr(self, "global_steps", 0) or 0) or None)
         self.__dict__["_metrics_log"] = MetricsLog(tracking, path)
 

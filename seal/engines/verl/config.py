@@ -43,6 +43,23 @@ REF_PARAM_OFFLOAD = True
 CHECKPOINT_CONTENTS = ["model", "optimizer", "extra", "hf_model"]
 # verl names of the loggers we forward; "jsonl" is written by our trainer (run_dir/metrics.jsonl).
 VERL_LOGGERS = {"console": "console", "wandb": "wandb"}
+# verl's HFModelConfig reads the attention backend from `override_config`, an empty dict in verl's
+# defaults, and falls back to flash_attention_2 (which fails to load without flash-attn): we always set it.
+ATTN_KEY = "actor_rollout_ref.model.override_config.attn_implementation"
+# Keys our mapping adds although verl's defaults lack them (everything else must exist in verl's defaults).
+ADDED_KEYS = frozenset({ATTN_KEY})
+
+
+def resolve_attn_implementation(value: str) -> str:
+    """`model.attn_implementation` -> a Hugging Face attention backend: `auto` is flash_attention_2 when the
+    `flash_attn` package imports (verl's remove-padding path is built on it), else sdpa (in torch)."""
+    if value != "auto":
+        return value
+    try:
+        import flash_attn  # noqa: F401
+    except Exception:  # ImportError, or a wheel built against another torch (undefined symbol)
+        return "sdpa"
+    return "flash_attention_2"
 
 
 def verl_config_dir() -> Path:
@@ -109,6 +126,7 @@ def recipe_overrides(cfg: C.Recipe, run_dir: Path) -> dict[str, Any]:
     out: dict[str, Any] = {
         # model
         "actor_rollout_ref.model.path": cfg.model.path,
+        ATTN_KEY: resolve_attn_implementation(cfg.model.attn_implementation),
         "actor_rollout_ref.actor.fsdp_config.dtype": cfg.model.dtype,
         "actor_rollout_ref.ref.fsdp_config.dtype": cfg.model.dtype,
         "actor_rollout_ref.ref.fsdp_config.param_offload": REF_PARAM_OFFLOAD,
@@ -208,25 +226,45 @@ def to_verl_config(cfg: C.Recipe, run_dir: str | os.PathLike[str] | None = None,
         cfg: a composed, validated recipe (`seal.recipe.load_config`).
         run_dir: the run directory (default `seal.recipe.run_dir(cfg)`), made absolute.
         overrides: extra verl dotted overrides applied last (`key=value`, YAML values), for knobs our
-            recipe does not carry (e.g. `actor_rollout_ref.rollout.agent.num_workers=16`). A key verl
-            does not know is an error.
+            recipe does not carry (e.g. `actor_rollout_ref.rollout.agent.num_workers=16`). A key missing
+            from verl's defaults is an error unless written `+key=value` (Hydra's convention).
     """
     if cfg.engine != "verl":
         raise ValueError(f"to_verl_config needs engine: verl, the recipe says {cfg.engine!r}")
     run = Path(run_dir if run_dir is not None else C.run_dir(cfg)).resolve()
     verl_cfg = load_verl_defaults()
     for key, value in recipe_overrides(cfg, run).items():
-        if not _has_key(verl_cfg, key):
+        if key not in ADDED_KEYS and not _has_key(verl_cfg, key):
             raise KeyError(f"verl 0.9.1 has no config key {key!r} (our mapping is out of date)")
-        OmegaConf.update(verl_cfg, key, value, merge=False)
+        _set(verl_cfg, key, value)
     for item in overrides:
-        key, sep, raw = str(item).partition("=")
-        if not sep or not _has_key(verl_cfg, key):
-            raise KeyError(f"verl override {item!r}: not key=value with a known verl key")
-        OmegaConf.update(verl_cfg, key, OmegaConf.from_dotlist([f"v={raw}"]).v, merge=False)
+        key, value, add = parse_verl_override(item)
+        if not add and not _has_key(verl_cfg, key):
+            raise KeyError(f"verl override {item!r}: verl 0.9.1's defaults have no key {key!r} "
+                           f"(check the spelling, or write +{key}=... to add a key verl's defaults lack)")
+        if add and _has_key(verl_cfg, key):
+            raise KeyError(f"verl override {item!r}: {key!r} exists in verl's defaults; drop the '+'")
+        _set(verl_cfg, key, value)
     with open_dict(verl_cfg):
         verl_cfg.seal = {"run_dir": str(run), "recipe": C.to_container(cfg)}
     return verl_cfg
+
+
+def parse_verl_override(item: str) -> tuple[str, Any, bool]:
+    """`key=value` (a key of verl's defaults) or `+key=value` (a key verl's defaults lack), Hydra's
+    convention; the value is YAML. Returns (key, value, add)."""
+    text = str(item).strip()
+    add = text.startswith("+")
+    key, sep, raw = text.lstrip("+").partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise KeyError(f"verl override {item!r}: expected <verl key>=<value> or +<verl key>=<value>")
+    return key, OmegaConf.from_dotlist([f"v={raw}"]).v, add
+
+
+def _set(cfg: DictConfig, key: str, value: Any) -> None:
+    with open_dict(cfg):
+        OmegaConf.update(cfg, key, value, merge=False, force_add=True)
 
 
 def _has_key(cfg: DictConfig, dotted: str) -> bool:
