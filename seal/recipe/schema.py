@@ -62,7 +62,7 @@ class ModelConfig:
     path: str = knob("Qwen/Qwen2.5-7B-Instruct", source="paper",
                      help="hub id or local directory of the policy (release default: Qwen/Qwen3.5-4B)")
     build_tiny: bool = knob(False, source="ours",
-                            help="local engine only: build a random tiny Qwen2 offline at model.path")
+                            help="local engine / verl on CPU: build a random tiny Qwen2 offline at model.path")
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     dtype: str = knob("bfloat16", source="release", choices=DTYPES,
                       help="parameter dtype (the local engine on CPU always computes in float32)")
@@ -210,6 +210,6 @@ class Recipe:
             problems.append("data.train_batch_size must be a multiple of actor.ppo_mini_batch_size")
         if not self.trainer.resume:
             problems.append("trainer.resume: auto | disable | <checkpoint dir>")
-        if self.model.build_tiny and self.engine != "local":
-            problems.append("model.build_tiny is for engine: local only")
+        if self.model.build_tiny and self.engine != "local" and self.trainer.device != "cpu":
+            problems.append("model.build_tiny is for engine: local or trainer.device: cpu only")
         return problems

@@ -384,6 +384,7 @@ def install_cpu_patches() -> None:
        named twice; the duplicate is dropped.
     3. `verl.workers.engine.fsdp.transformer_impl.CPUOffloadPolicy`: the forward-only reference is
        built with `CPUOffloadPolicy(pin_memory=True)`; pinning needs a CUDA driver, so it is built unpinned.
+    4. the `hf` rollout backend (`register_hf_rollout`).
     """
     global _cpu_patched
     if _cpu_patched:
@@ -484,4 +485,20 @@ def install_cpu_patches() -> None:
         os.environ[key] = value
     # The platform is resolved once per process, possibly already (as CUDA) while verl was imported.
     set_platform(CpuPlatform())
+    register_hf_rollout()
     _cpu_patched = True
+
+
+def register_hf_rollout() -> None:
+    """`actor_rollout_ref.rollout.name=hf` (seal.engines.verl.hf_rollout) in verl's two rollout registries:
+    the replica through `RolloutReplicaRegistry.register` (public); the in-worker rollout class through
+    `verl.workers.rollout.base._ROLLOUT_REGISTRY`, a module dict `get_rollout_class` reads, with no
+    registration function in verl 0.9.1."""
+    from verl.workers.rollout import base as rollout_base
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    from seal.engines.verl import hf_rollout
+
+    RolloutReplicaRegistry.register(hf_rollout.ROLLOUT_NAME, lambda: hf_rollout.HFReplica)
+    rollout_base._ROLLOUT_REGISTRY[(hf_rollout.ROLLOUT_NAME, "async")] = (
+        f"{hf_rollout.__name__}.{hf_rollout.HFServerAdapter.__name__}")

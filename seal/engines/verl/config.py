@@ -46,8 +46,15 @@ VERL_LOGGERS = {"console": "console", "wandb": "wandb"}
 # verl's HFModelConfig reads the attention backend from `override_config`, an empty dict in verl's
 # defaults, and falls back to flash_attention_2 (which fails to load without flash-attn): we always set it.
 ATTN_KEY = "actor_rollout_ref.model.override_config.attn_implementation"
+# The CPU path (trainer.device: cpu): FSDP computes in float32 (verl's FSDP mixed precision is bf16 unless
+# told otherwise, whatever the model dtype, and the hf rollout server computes in the model dtype).
+FP32_MIXED_PRECISION = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+CPU_MIXED_PRECISION_KEYS = ("actor_rollout_ref.actor.fsdp_config.mixed_precision",
+                            "actor_rollout_ref.ref.fsdp_config.mixed_precision")
 # Keys our mapping adds although verl's defaults lack them (everything else must exist in verl's defaults).
-ADDED_KEYS = frozenset({ATTN_KEY})
+ADDED_KEYS = frozenset({ATTN_KEY, *CPU_MIXED_PRECISION_KEYS, "ray_kwargs.ray_init.num_gpus"})
+# Ray's logical CPUs on the CPU path: verl's actors each ask for one, which says nothing about the cores.
+CPU_RAY_LOGICAL_CPUS = 16
 
 
 def resolve_attn_implementation(value: str) -> str:
@@ -215,6 +222,43 @@ def recipe_overrides(cfg: C.Recipe, run_dir: Path) -> dict[str, Any]:
         "trainer.log_val_generations": 0,
     }
     out.update(resume_settings(t.resume))
+    if t.device == "cpu":
+        out.update(cpu_overrides(cfg))
+    return out
+
+
+def cpu_overrides(cfg: C.Recipe) -> dict[str, Any]:
+    """verl on CPU (`trainer.device: cpu`, exp/tiny_verl_cpu.yaml): the same trainer, workers and agent loop,
+    with the `hf` rollout server instead of vLLM, FSDP2 on gloo in float32, and one process per role.
+
+    O: the GPU slots verl's resource pool places its FSDP workers on are declared to Ray (one per
+    `trainer.n_gpus_per_node`); the adapter's CPU platform maps them to the CPU.
+    """
+    from seal.engines.verl.hf_rollout import ROLLOUT_NAME
+
+    out: dict[str, Any] = {
+        "trainer.device": "cpu",
+        "actor_rollout_ref.rollout.name": ROLLOUT_NAME,
+        # FSDP2: verl's FSDP1 path asks for a CUDA device id.
+        "actor_rollout_ref.actor.strategy": "fsdp2",
+        "actor_rollout_ref.ref.strategy": "fsdp2",
+        "actor_rollout_ref.actor.fsdp_config.strategy": "fsdp2",
+        "actor_rollout_ref.ref.fsdp_config.strategy": "fsdp2",
+        # torch.compile of the entropy kernel costs minutes on CPU and buys nothing at this size.
+        "actor_rollout_ref.actor.fsdp_config.use_torch_compile": False,
+        "actor_rollout_ref.ref.fsdp_config.use_torch_compile": False,
+        "actor_rollout_ref.actor.use_torch_compile": False,
+        "actor_rollout_ref.model.enable_gradient_checkpointing": False,
+        # One agent-loop worker, one data loader process, one TransferQueue storage unit: each is a
+        # process importing torch; on a laptop they cost more than they parallelise.
+        "actor_rollout_ref.rollout.agent.num_workers": 1,
+        "data.dataloader_num_workers": 0,
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units": 1,
+        "ray_kwargs.ray_init.num_cpus": CPU_RAY_LOGICAL_CPUS,
+        "ray_kwargs.ray_init.num_gpus": cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes,
+    }
+    for key in CPU_MIXED_PRECISION_KEYS:
+        out[key] = dict(FP32_MIXED_PRECISION)
     return out
 
 
