@@ -337,9 +337,8 @@ class TrainerAdapter(PPOTrainerSync):
 
 
 # --------------------------------------------------------------------------- the CPU path (exp/tiny_verl_cpu.yaml)
-CPU_PLATFORM = "cpu"  # VERL_PLATFORM value that selects `CpuPlatform`
+CPU_PLATFORM = "cpu"  # `CpuPlatform`'s name in verl's PlatformRegistry
 CPU_ENV_VARS = {
-    "VERL_PLATFORM": CPU_PLATFORM,
     # verl registers its FSDP engines for devices "cuda"/"npu" only; the CUDA ones are device-agnostic
     # torch code and run on CPU tensors, so the engine lookup is pointed at them.
     "VERL_ENGINE_DEVICE": "cuda",
@@ -374,8 +373,9 @@ def install_cpu_patches() -> None:
     Idempotent; called in every verl process of a CPU run by the plugin (`SEAL_VERL_DEVICE=cpu`), and by
     the CPU tests. Each patch and why:
 
-    1. `verl.plugin.platform.PlatformRegistry`: a `cpu` platform (verl has cuda/npu/rocm only), selected
-       by `VERL_PLATFORM=cpu` and set as the process's platform: device name "cpu", gloo, `torch.cpu` as
+    1. `verl.plugin.platform.PlatformRegistry`: a `cpu` platform (verl has cuda/npu/rocm only), set as the
+       process's platform with `set_platform` (not through `VERL_PLATFORM`: verl resolves the platform
+       while importing its packages, before a plugin could register one): device name "cpu", gloo, `torch.cpu` as
        the device module (+ the memory and RNG calls verl makes on it), current device "cpu" (verl
        passes the "device id" straight to `.to()`), Ray resource "GPU" (the run declares CPU-backed GPU
        slots to Ray, one per FSDP rank: verl's resource pools place workers by GPU bundles).
@@ -407,7 +407,7 @@ def install_cpu_patches() -> None:
             return True
 
         def is_platform_available(self, use_smi_check: bool = False) -> bool:
-            return False  # never auto-detected: only VERL_PLATFORM=cpu selects it
+            return False  # never auto-detected: only install_cpu_patches selects it
 
         def current_device(self) -> Any:
             return "cpu"  # verl passes it to `.to(...)` / `device=`: the device itself, not an index
@@ -493,12 +493,15 @@ def register_hf_rollout() -> None:
     """`actor_rollout_ref.rollout.name=hf` (seal.engines.verl.hf_rollout) in verl's two rollout registries:
     the replica through `RolloutReplicaRegistry.register` (public); the in-worker rollout class through
     `verl.workers.rollout.base._ROLLOUT_REGISTRY`, a module dict `get_rollout_class` reads, with no
-    registration function in verl 0.9.1."""
+    registration function in verl 0.9.1. Both are looked up by name when used: this may run while
+    hf_rollout itself is being imported (a Ray actor of that module importing verl, hence our plugin)."""
+    import importlib
+
     from verl.workers.rollout import base as rollout_base
     from verl.workers.rollout.replica import RolloutReplicaRegistry
 
-    from seal.engines.verl import hf_rollout
+    from seal.engines.verl.config import CPU_ROLLOUT_ENGINE
 
-    RolloutReplicaRegistry.register(hf_rollout.ROLLOUT_NAME, lambda: hf_rollout.HFReplica)
-    rollout_base._ROLLOUT_REGISTRY[(hf_rollout.ROLLOUT_NAME, "async")] = (
-        f"{hf_rollout.__name__}.{hf_rollout.HFServerAdapter.__name__}")
+    module = "seal.engines.verl.hf_rollout"
+    RolloutReplicaRegistry.register(CPU_ROLLOUT_ENGINE, lambda: importlib.import_module(module).HFReplica)
+    rollout_base._ROLLOUT_REGISTRY[(CPU_ROLLOUT_ENGINE, "async")] = f"{module}.HFServerAdapter"

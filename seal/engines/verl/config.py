@@ -36,6 +36,7 @@ from seal.run_dir import VERL_STEP_PREFIX, RunDir
 AGENT_LOOP_NAME = "seal_bfcl"  # seal.engines.verl.agent_loop.SealBfclAgentLoop
 TRAINER_MODE = "seal"  # seal.engines.verl.trainer.SealTrainer
 ROLLOUT_ENGINE = "vllm"
+CPU_ROLLOUT_ENGINE = "hf"  # seal.engines.verl.hf_rollout, the CPU path's rollout backend
 # Release: the reference policy's parameters are offloaded to CPU.
 REF_PARAM_OFFLOAD = True
 # Ours: checkpoints also carry Hugging Face weights (actor/huggingface) so `seal.evaluate` / vLLM can
@@ -234,11 +235,9 @@ def cpu_overrides(cfg: C.Recipe) -> dict[str, Any]:
     O: the GPU slots verl's resource pool places its FSDP workers on are declared to Ray (one per
     `trainer.n_gpus_per_node`); the adapter's CPU platform maps them to the CPU.
     """
-    from seal.engines.verl.hf_rollout import ROLLOUT_NAME
-
     out: dict[str, Any] = {
         "trainer.device": "cpu",
-        "actor_rollout_ref.rollout.name": ROLLOUT_NAME,
+        "actor_rollout_ref.rollout.name": CPU_ROLLOUT_ENGINE,
         # FSDP2: verl's FSDP1 path asks for a CUDA device id.
         "actor_rollout_ref.actor.strategy": "fsdp2",
         "actor_rollout_ref.ref.strategy": "fsdp2",
@@ -249,6 +248,10 @@ def cpu_overrides(cfg: C.Recipe) -> dict[str, Any]:
         "actor_rollout_ref.ref.fsdp_config.use_torch_compile": False,
         "actor_rollout_ref.actor.use_torch_compile": False,
         "actor_rollout_ref.model.enable_gradient_checkpointing": False,
+        # Log-probs in 512-token chunks (verl's torch fused kernel) rather than the full [tokens, vocab]
+        # logits: a 6k-token BFCL prompt x Qwen2.5's 152k vocabulary is 3.6 GB per copy in float32.
+        "actor_rollout_ref.model.use_fused_kernels": True,
+        "actor_rollout_ref.model.fused_kernel_options.impl_backend": "torch",
         # One agent-loop worker, one data loader process, one TransferQueue storage unit: each is a
         # process importing torch; on a laptop they cost more than they parallelise.
         "actor_rollout_ref.rollout.agent.num_workers": 1,

@@ -34,9 +34,10 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
+from seal.engines.verl.config import CPU_ROLLOUT_ENGINE as ROLLOUT_NAME  # noqa: F401  - rollout.name
+
 log = logging.getLogger(__name__)
 
-ROLLOUT_NAME = "hf"  # actor_rollout_ref.rollout.name
 SERVER_NAME = "seal_hf_rollout_server_{rank}"  # Ray actor name of replica `rank`'s server
 
 
@@ -132,8 +133,9 @@ class HFRolloutServer:
     def update_weights(self, state: dict[str, torch.Tensor], global_steps: int | None = None) -> int:
         """Load the actor's weights (Hugging Face names, full tensors); returns how many were loaded.
         A name the model lacks is an error (a mismatch would silently keep stale weights)."""
-        params = dict(self.model.named_parameters())
-        params.update(dict(self.model.named_buffers()))
+        # state_dict names include tied aliases (Qwen2.5's lm_head.weight = the embedding), which
+        # named_parameters() lists once.
+        params = self.model.state_dict(keep_vars=True)
         unknown = sorted(set(state) - set(params))
         if unknown:
             raise KeyError(f"hf rollout server: the actor sent weights this model lacks: {unknown[:5]}")
