@@ -31,6 +31,8 @@ ATTN_IMPLEMENTATIONS = ("auto", "flash_attention_2", "sdpa", "eager")
 STEP_LIMIT_SCOPES = ("episode", "turn")
 LOGGERS = ("console", "jsonl", "wandb")
 TRAINER_DEVICES = ("cuda", "cpu")
+# verl engine: what of the FSDP actor lives in host memory between uses (docs/verl_engine.md, memory table).
+ACTOR_OFFLOADS = ("none", "optimizer", "all")
 # verl.trainer.ppo.core_algos.kl_penalty / agg_loss accept these.
 KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -141,6 +143,9 @@ class ActorConfig:
     ppo_micro_batch_size_per_gpu: int = knob(1, source="paper", ge=1, help="samples per forward pass and GPU")
     ppo_epochs: int = knob(1, source="release", ge=1, help="passes over each step's batch")
     grad_clip: float = knob(1.0, source="paper", ge=0, help="gradient-norm clip")
+    offload: str = knob("none", source="ours", choices=ACTOR_OFFLOADS,
+                        help="verl engine: actor state kept in host memory while vLLM generates "
+                             "(optimizer = AdamW states; all = + parameters and gradients)")
 
 
 @dataclass(frozen=True)

@@ -194,6 +194,8 @@ def recipe_overrides(cfg: C.Recipe, run_dir: Path) -> dict[str, Any]:
         "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": r.max_model_len,
         "actor_rollout_ref.actor.data_loader_seed": cfg.seed,
         "actor_rollout_ref.actor.checkpoint.save_contents": list(CHECKPOINT_CONTENTS),
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload": a.offload in ("optimizer", "all"),
+        "actor_rollout_ref.actor.fsdp_config.param_offload": a.offload == "all",
         # algorithm
         "algorithm.adv_estimator": alg.adv_estimator,
         "algorithm.norm_adv_by_std_in_grpo": alg.norm_adv_by_std_in_grpo,
