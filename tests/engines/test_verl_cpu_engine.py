@@ -87,8 +87,8 @@ def _packed_vs_padded(model_dir: str, port: int, queue) -> None:  # runs in the 
             for ids in seqs:
                 logp = torch.log_softmax(hf(ids[None]).logits[0, :-1].float(), -1)
                 alone.append(logp.gather(-1, ids[1:, None])[:, 0])
-        queue.put({"attn": attn, "shapes": seen, "packed": [t.tolist() for t in packed], "padded": [t.tolist() for t in padded],
-                   "alone": [t.tolist() for t in alone]})
+        queue.put({"attn": attn, "shapes": seen, "packed": [t.tolist() for t in packed],
+                   "padded": [t.tolist() for t in padded], "alone": [t.tolist() for t in alone]})
         torch.distributed.destroy_process_group()
     except BaseException as exc:  # report, do not hang the parent
         import traceback

@@ -32,6 +32,21 @@ what                       where in verl 0.9.1  ->  why
 `_agent_loop_registry`     `verl.experimental.agent_loop.agent_loop`, read by `registered()`  -> verl has no
                            public lookup of registered agent loops
 
+The CPU path (`trainer.device: cpu`, `install_cpu_patches`, its docstring has the details):
+
+`PlatformRegistry` +       `verl.plugin.platform`: cuda/npu/rocm only, resolved once per process  -> a `cpu`
+`set_platform`             platform (gloo, `torch.cpu` + the memory/RNG calls verl makes, device "cpu")
+`init_process_group`       torch's, called by verl with `cpu:gloo,<device>:<backend>`  -> on CPU that names
+                           the cpu device twice, which torch refuses: the duplicate is dropped
+`transformer_impl.`        the FSDP2 reference is built with `CPUOffloadPolicy(pin_memory=True)`  -> unpinned
+`CPUOffloadPolicy`         (pinning needs a CUDA driver)
+`VERL_ENGINE_DEVICE=cuda`  verl's FSDP engines are registered for cuda/npu only  -> the CUDA ones, which are
+                           device-agnostic torch code, are looked up on CPU too (an env var verl reads)
+`_ROLLOUT_REGISTRY`        `verl.workers.rollout.base`, read by `get_rollout_class`  -> the `hf` rollout's
+                           in-worker class (`RolloutReplicaRegistry.register`, public, takes the replica)
+`_server_handle` /         `RolloutReplica` attributes `LLMServerManager` reads  -> set by the `hf` replica's
+`_server_address`          `launch_servers` (`set_replica_server`)
+
 The post-import hook that registers our agent loop and trainer mode in every verl process is not
 here: it must run inside `verl/__init__` without importing verl's packages, so it lives in the cheap
 `seal/engines/verl/plugin.py` (it touches no verl name, only Python's import system).
@@ -356,7 +371,9 @@ def _cpu_device_module():
 
     module = types.ModuleType("seal_cpu_device")
     module.__dict__.update({name: getattr(torch.cpu, name) for name in dir(torch.cpu) if not name.startswith("_")})
-    zero = (lambda *a, **k: 0)
+    def zero(*args: Any, **kwargs: Any) -> int:
+        return 0
+
     module.__dict__.update(
         empty_cache=lambda: None, reset_peak_memory_stats=lambda *a, **k: None, ipc_collect=lambda: None,
         memory_allocated=zero, max_memory_allocated=zero, memory_reserved=zero, max_memory_reserved=zero,
@@ -487,6 +504,14 @@ def install_cpu_patches() -> None:
     set_platform(CpuPlatform())
     register_hf_rollout()
     _cpu_patched = True
+
+
+def set_replica_server(replica: Any, handle: Any, address: str) -> None:
+    """The server a `RolloutReplica` launched: verl's replica exposes it through read-only properties over
+    `_server_handle` / `_server_address`, and `LLMServerManager` reads those private attributes directly;
+    a new backend's `launch_servers` has to set them."""
+    replica._server_handle = handle
+    replica._server_address = address
 
 
 def register_hf_rollout() -> None:

@@ -83,11 +83,11 @@ class HFRolloutServer:
         self.global_steps: int | None = None
         self.weight_updates = 0
         self.requests = 0
-        self._lock = threading.Lock()
-        self._generator = torch.Generator().manual_seed(int(seed) + 7919 * int(replica_rank))
+        self.lock = threading.Lock()
+        self.generator = torch.Generator().manual_seed(int(seed) + 7919 * int(replica_rank))
 
     # ------------------------------------------------------------------ generation
-    def _generate_sync(self, prompt_ids: list[int], sampling: dict[str, Any]) -> TokenOutput:
+    def generate_sync(self, prompt_ids: list[int], sampling: dict[str, Any]) -> TokenOutput:
         from transformers import GenerationConfig
 
         room = None if not self.max_model_len else int(self.max_model_len) - len(prompt_ids)
@@ -107,10 +107,10 @@ class HFRolloutServer:
             eos_token_id=self.stop_ids, pad_token_id=self.pad_id,
             output_logits=True, return_dict_in_generate=True,
         )
-        with self._lock, torch.no_grad():
+        with self.lock, torch.no_grad():
             # Sampling draws from torch's global generator: seed it from ours, so a replica's stream is
             # reproducible for a given request order and independent of other code in the process.
-            torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=self._generator)))
+            torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=self.generator)))
             inputs = torch.tensor([list(prompt_ids)], dtype=torch.long)
             out = self.model.generate(inputs, attention_mask=torch.ones_like(inputs), generation_config=gen_cfg)
             new = out.sequences[0, inputs.shape[1]:]
@@ -127,7 +127,7 @@ class HFRolloutServer:
         """verl's server call (`LLMServerClient.generate`): token ids in, token ids + log-probs out."""
         if image_data is not None or video_data is not None:
             raise ValueError("the hf rollout backend serves text-only models")
-        return await asyncio.to_thread(self._generate_sync, [int(t) for t in prompt_ids], dict(sampling_params))
+        return await asyncio.to_thread(self.generate_sync, [int(t) for t in prompt_ids], dict(sampling_params))
 
     # ------------------------------------------------------------------ weights
     def update_weights(self, state: dict[str, torch.Tensor], global_steps: int | None = None) -> int:
@@ -139,7 +139,7 @@ class HFRolloutServer:
         unknown = sorted(set(state) - set(params))
         if unknown:
             raise KeyError(f"hf rollout server: the actor sent weights this model lacks: {unknown[:5]}")
-        with self._lock, torch.no_grad():
+        with self.lock, torch.no_grad():
             for name, tensor in state.items():
                 params[name].copy_(tensor.to(params[name].dtype))
         self.global_steps = global_steps
@@ -201,8 +201,9 @@ class HFReplica(RolloutReplica):
             trust_remote_code=bool(getattr(model, "trust_remote_code", False)))
         await server.stats.remote()  # wait until the model is loaded
         self.servers = [server]
-        self._server_handle = server
-        self._server_address = f"hf-rollout-{self.replica_rank}"  # the load balancer's key; no HTTP endpoint
+        from seal.engines.verl.adapter import set_replica_server
+
+        set_replica_server(self, server, f"hf-rollout-{self.replica_rank}")  # the load balancer's key; no HTTP
 
 
 class HFServerAdapter(BaseRollout):
@@ -215,12 +216,12 @@ class HFServerAdapter(BaseRollout):
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         self.replica_rank, self.local_rank = divmod(rank, per_replica)
         self.sleep_level = 1
-        self._server = None
+        self.server_actor = None
 
-    def _server_handle(self) -> Any:
-        if self._server is None:  # the replica starts its server after the workers exist
-            self._server = ray.get_actor(SERVER_NAME.format(rank=self.replica_rank))
-        return self._server
+    def find_server(self) -> Any:
+        if self.server_actor is None:  # the replica starts its server after the workers exist
+            self.server_actor = ray.get_actor(SERVER_NAME.format(rank=self.replica_rank))
+        return self.server_actor
 
     async def update_weights(self, weights: Any, wire_format: str = "named_tensors", **kwargs: Any) -> None:
         if wire_format != "named_tensors":
@@ -230,7 +231,7 @@ class HFServerAdapter(BaseRollout):
         # Every rank walks the generator (FSDP gathers each full tensor collectively); one rank sends.
         state = {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights}
         if self.local_rank == 0:
-            loaded = await self._server_handle().update_weights.remote(state, kwargs.get("global_steps"))
+            loaded = await self.find_server().update_weights.remote(state, kwargs.get("global_steps"))
             log.info("hf rollout replica %d: %d tensors synced (step %s)", self.replica_rank, loaded,
                      kwargs.get("global_steps"))
 

@@ -158,10 +158,11 @@ def train(cfg: C.Recipe, run_dir: str | os.PathLike[str], overrides: Sequence[st
     from verl.utils.config import validate_config
     from verl.utils.device import auto_set_device
 
+    import seal.engines.verl.plugin  # noqa: F401  - registration in the driver as well
+
     # The adapter checks the installed verl version when imported: a clear error here, before Ray
     # starts workers whose plugin would only log it.
     import seal.engines.verl.trainer  # noqa: F401  - imports the adapter (version check) without a cycle
-    import seal.engines.verl.plugin  # noqa: F401  - registration in the driver as well
 
     if cfg.trainer.device == "cpu":
         from seal.engines.verl.adapter import install_cpu_patches
