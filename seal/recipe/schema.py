@@ -216,5 +216,5 @@ class Recipe:
         if not self.trainer.resume:
             problems.append("trainer.resume: auto | disable | <checkpoint dir>")
         if self.model.build_tiny and self.engine != "local" and self.trainer.device != "cpu":
-            problems.append("model.build_tiny is for engine: local or trainer.device: cpu only")
+            problems.append("model.build_tiny is for engine: local only (or engine verl with trainer.device: cpu)")
         return problems
