@@ -24,9 +24,6 @@ REPO = Path(__file__).resolve().parents[2]
 # The local engine's SEAL metric families (docs/run_directory.md): the verl run must log the same.
 SEAL_PREFIXES = ("apatch/", "capability/", "interface/", "train/", "val/")
 RUN_TIMEOUT_S = 1500
-# Sized for CI: one task x 2 rollouts per step and one validation task (the recipe has 2 and 2). Almost
-# all the time is the actor's log-probs over ~6k-token BFCL prompts x Qwen2.5's 152k vocabulary.
-SMALL = ["data.train_batch_size=1", "data.max_train_tasks=1", "data.max_val_tasks=1", "actor.ppo_mini_batch_size=1"]
 
 
 def _free_port() -> int:
@@ -38,7 +35,7 @@ def _free_port() -> int:
 def _launch(run_root: Path, port: int, *extra: str) -> str:
     env = dict(os.environ, PYTHONPATH=str(REPO), BFCL_PROJECT_ROOT=str(run_root / "bfcl_root"))
     cmd = [sys.executable, "launcher.py", "--conf", "exp/tiny_verl_cpu.yaml", f"run_root={run_root}",
-           f"env.urls=[http://127.0.0.1:{port}]", "model.path=" + str(run_root / "tiny_qwen2"), *SMALL, *extra]
+           f"env.urls=[http://127.0.0.1:{port}]", "model.path=" + str(run_root / "tiny_qwen2"), *extra]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:]
