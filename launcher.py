@@ -1,9 +1,11 @@
 """Start a SEAL training run from a recipe.
 
-    python launcher.py --conf exp/SEAL.yaml [key=value ...] [--dry-run]
+    python launcher.py --conf exp/SEAL.yaml [key=value ...] [verl.<verl key>=value ...] [--dry-run]
     python launcher.py                       # the embedded default, exp/tiny_cpu.yaml (CPU, minutes)
 
-1. Composes and validates the recipe (`seal.recipe.load_config`); `--dry-run` prints it and exits.
+1. Composes and validates the recipe (`seal.recipe.load_config`); `--dry-run` prints it (for engine verl
+   also the resolved verl config) and exits. `verl.<key>=value` sets a key of verl's config directly,
+   `+verl.<key>=value` adds one verl's defaults lack (Hydra's convention); engine verl only.
 2. `engine: verl` needs GPUs: without CUDA it stops at once and points to `exp/tiny_cpu.yaml`.
 3. Writes the resolved config to `<run_root>/<experiment_name>/config.yaml` (the run directory,
    `seal/run_dir.py`, docs/run_directory.md).
@@ -39,6 +41,20 @@ NO_GPU_MESSAGE = (
     "or set engine=local with a small model (see exp/README.md)."
 )
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+VERL_PREFIX = "verl."
+
+
+def split_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
+    """(recipe overrides, verl overrides): `verl.k=v` -> `k=v`, `+verl.k=v` -> `+k=v`."""
+    recipe, verl = [], []
+    for item in overrides:
+        plus = item.startswith("+")
+        body = item[1:] if plus else item
+        if body.startswith(VERL_PREFIX):
+            verl.append(("+" if plus else "") + body[len(VERL_PREFIX):])
+        else:
+            recipe.append(item)
+    return recipe, verl
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -73,18 +89,35 @@ def main(argv: list[str] | None = None) -> int:
     from seal.run_dir import RunDir
 
     setup_console_logging(args.log_level)
+    recipe_overrides, verl_overrides = split_overrides(args.overrides)
     try:
-        cfg = load_config(args.conf, args.overrides)
+        cfg = load_config(args.conf, recipe_overrides)
     except ConfigError as exc:
         print(f"launcher: {exc}", file=sys.stderr)
         return 2
+    if verl_overrides and cfg.engine != "verl":
+        print(f"launcher: verl.* overrides {verl_overrides} need engine: verl (the recipe says {cfg.engine!r})",
+              file=sys.stderr)
+        return 2
     if args.dry_run:
         print(to_yaml(cfg), end="")
+        if cfg.engine == "verl":
+            from omegaconf import OmegaConf
+
+            from seal.engines.verl.config import to_verl_config
+
+            try:
+                verl_cfg = to_verl_config(cfg, run_dir(cfg), verl_overrides)
+            except KeyError as exc:
+                print(f"launcher: {exc.args[0]}", file=sys.stderr)
+                return 2
+            print("# ---- the resolved verl config (seal.engines.verl.config.to_verl_config) ----")
+            print(OmegaConf.to_yaml(verl_cfg), end="")
         return 0
     from seal.rollout.client import export_token
 
     export_token(cfg.env.token_env)  # the started service and every client read $SEAL_ENV_TOKEN
-    if cfg.engine == "verl":
+    if cfg.engine == "verl" and cfg.trainer.device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
@@ -114,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                 from seal.engines.local.engine import train
             else:
                 from seal.engines.verl.launch import train  # written for GPU machines; imported only here
-            result = train(cfg, run.root)
+            result = train(cfg, run.root, verl_overrides) if verl_overrides else train(cfg, run.root)
             log.info("done: %s", result)
             return 0
         except ServiceStartError as exc:

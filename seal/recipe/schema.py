@@ -26,8 +26,14 @@ from seal.core.config_parsing import field_problems, knob
 
 ENGINES = ("verl", "local")
 DTYPES = ("bfloat16", "float16", "float32")
+# Hugging Face attention backends the trainer may load the policy with; `auto` is resolved by the engine
+# (seal.engines.verl.config.resolve_attn_implementation: FlashAttention-2 when flash_attn imports, else sdpa).
+ATTN_IMPLEMENTATIONS = ("auto", "flash_attention_2", "sdpa", "eager")
 STEP_LIMIT_SCOPES = ("episode", "turn")
 LOGGERS = ("console", "jsonl", "wandb")
+TRAINER_DEVICES = ("cuda", "cpu")
+# verl engine: what of the FSDP actor lives in host memory between uses (docs/verl_engine.md, memory table).
+ACTOR_OFFLOADS = ("none", "optimizer", "all")
 # verl.trainer.ppo.core_algos.kl_penalty / agg_loss accept these.
 KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -71,11 +77,14 @@ class ModelConfig:
     path: str = knob("Qwen/Qwen2.5-7B-Instruct", source="paper",
                      help="hub id or local directory of the policy (release default: Qwen/Qwen3.5-4B)")
     build_tiny: bool = knob(False, source="ours",
-                            help="local engine only: build a random tiny Qwen2 offline at model.path")
+                            help="local engine / verl on CPU: build a random tiny Qwen2 offline at model.path")
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     dtype: str = knob("bfloat16", source="release", choices=DTYPES,
                       help="parameter dtype (the local engine on CPU always computes in float32)")
+    attn_implementation: str = knob("auto", source="ours", choices=ATTN_IMPLEMENTATIONS,
+                                    help="verl engine: attention of the FSDP actor/reference; auto = "
+                                         "flash_attention_2 when flash_attn imports, else sdpa")
 
 
 @dataclass(frozen=True)
@@ -166,6 +175,9 @@ class ActorConfig:
     ppo_micro_batch_size_per_gpu: int = knob(1, source="paper", ge=1, help="samples per forward pass and GPU")
     ppo_epochs: int = knob(1, source="release", ge=1, help="passes over each step's batch")
     grad_clip: float = knob(1.0, source="paper", ge=0, help="gradient-norm clip")
+    offload: str = knob("none", source="ours", choices=ACTOR_OFFLOADS,
+                        help="verl engine: actor state kept in host memory while vLLM generates "
+                             "(optimizer = AdamW states; all = + parameters and gradients)")
 
 
 @dataclass(frozen=True)
@@ -188,6 +200,9 @@ class TrainerConfig:
                             help="metric that picks the best checkpoint (release: val/accuracy/multi_turn_base)")
     n_gpus_per_node: int = knob(4, source="paper", ge=1, help="GPUs per node")
     nnodes: int = knob(1, source="paper", ge=1, help="nodes")
+    device: str = knob("cuda", source="ours", choices=TRAINER_DEVICES,
+                       help="verl engine: cuda (FSDP + vLLM) or cpu (gloo + the Hugging Face rollout server; "
+                            "debugging, exp/tiny_verl_cpu.yaml)")
     logger: list[str] = knob(["console", "jsonl"], source="ours", choices=LOGGERS,
                              help="metric sinks; wandb runs offline without WANDB_API_KEY")
     wandb_project: str = knob("seal", source="ours", help="wandb project name")
@@ -232,8 +247,8 @@ class Recipe:
             problems.append("data.train_batch_size must be a multiple of actor.ppo_mini_batch_size")
         if not self.trainer.resume:
             problems.append("trainer.resume: auto | disable | <checkpoint dir>")
-        if self.model.build_tiny and self.engine != "local":
-            problems.append("model.build_tiny is for engine: local only")
+        if self.model.build_tiny and self.engine != "local" and self.trainer.device != "cpu":
+            problems.append("model.build_tiny is for engine: local only (or engine verl with trainer.device: cpu)")
         if self.model.warm_start.enable and self.engine != "local":
             problems.append("model.warm_start.enable is for engine: local only")
         return problems

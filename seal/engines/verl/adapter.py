@@ -32,6 +32,21 @@ what                       where in verl 0.9.1  ->  why
 `_agent_loop_registry`     `verl.experimental.agent_loop.agent_loop`, read by `registered()`  -> verl has no
                            public lookup of registered agent loops
 
+The CPU path (`trainer.device: cpu`, `install_cpu_patches`, its docstring has the details):
+
+`PlatformRegistry` +       `verl.plugin.platform`: cuda/npu/rocm only, resolved once per process  -> a `cpu`
+`set_platform`             platform (gloo, `torch.cpu` + the memory/RNG calls verl makes, device "cpu")
+`init_process_group`       torch's, called by verl with `cpu:gloo,<device>:<backend>`  -> on CPU that names
+                           the cpu device twice, which torch refuses: the duplicate is dropped
+`transformer_impl.`        the FSDP2 reference is built with `CPUOffloadPolicy(pin_memory=True)`  -> unpinned
+`CPUOffloadPolicy`         (pinning needs a CUDA driver)
+`VERL_ENGINE_DEVICE=cuda`  verl's FSDP engines are registered for cuda/npu only  -> the CUDA ones, which are
+                           device-agnostic torch code, are looked up on CPU too (an env var verl reads)
+`_ROLLOUT_REGISTRY`        `verl.workers.rollout.base`, read by `get_rollout_class`  -> the `hf` rollout's
+                           in-worker class (`RolloutReplicaRegistry.register`, public, takes the replica)
+`_server_handle` /         `RolloutReplica` attributes `LLMServerManager` reads  -> set by the `hf` replica's
+`_server_address`          `launch_servers` (`set_replica_server`)
+
 The post-import hook that registers our agent loop and trainer mode in every verl process is not
 here: it must run inside `verl/__init__` without importing verl's packages, so it lives in the cheap
 `seal/engines/verl/plugin.py` (it touches no verl name, only Python's import system).
@@ -265,6 +280,8 @@ class TrainerAdapter(PPOTrainerSync):
         if path is not None:
             # verl creates the logger after loading a checkpoint: a fresh run starts a new file, a resumed
             # one drops what the interrupted run logged after its checkpoint (as the local engine does).
+            # The run directory may not exist yet (verl called directly, not through the launcher).
+            path.parent.mkdir(parents=True, exist_ok=True)
             trim_metrics(path, keep_through=int(getattr(self, "global_steps", 0) or 0) or None)
         self.__dict__["_metrics_log"] = MetricsLog(tracking, path)
 
@@ -332,3 +349,184 @@ class TrainerAdapter(PPOTrainerSync):
         else:
             folder = self.checkpoints.verl_step_dir(int(self.global_steps))
         self.checkpoint_loaded(int(self.global_steps), folder)
+
+
+# --------------------------------------------------------------------------- the CPU path (exp/tiny_verl_cpu.yaml)
+CPU_PLATFORM = "cpu"  # `CpuPlatform`'s name in verl's PlatformRegistry
+CPU_ENV_VARS = {
+    # verl registers its FSDP engines for devices "cuda"/"npu" only; the CUDA ones are device-agnostic
+    # torch code and run on CPU tensors, so the engine lookup is pointed at them.
+    "VERL_ENGINE_DEVICE": "cuda",
+}
+_cpu_patched = False
+
+
+def _cpu_device_module():
+    """`torch.cpu` plus the `torch.cuda` functions verl calls on its device module (memory statistics,
+    caches, RNG state), as their CPU meaning: nothing to free, no device memory, the CPU generator."""
+    import types
+
+    import psutil
+    import torch
+
+    module = types.ModuleType("seal_cpu_device")
+    module.__dict__.update({name: getattr(torch.cpu, name) for name in dir(torch.cpu) if not name.startswith("_")})
+    def zero(*args: Any, **kwargs: Any) -> int:
+        return 0
+
+    module.__dict__.update(
+        empty_cache=lambda: None, reset_peak_memory_stats=lambda *a, **k: None, ipc_collect=lambda: None,
+        memory_allocated=zero, max_memory_allocated=zero, memory_reserved=zero, max_memory_reserved=zero,
+        mem_get_info=lambda *a, **k: (psutil.virtual_memory().available, psutil.virtual_memory().total),
+        get_rng_state=torch.get_rng_state, set_rng_state=torch.set_rng_state, manual_seed=torch.manual_seed,
+        manual_seed_all=torch.manual_seed, get_device_name=lambda *a, **k: "cpu", is_available=lambda: True,
+    )
+    return module
+
+
+def install_cpu_patches() -> None:
+    """Let verl 0.9.1's GPU workers (FSDP2 actor/reference, process groups, Ray placement) run on CPU.
+
+    Idempotent; called in every verl process of a CPU run by the plugin (`SEAL_VERL_DEVICE=cpu`), and by
+    the CPU tests. Each patch and why:
+
+    1. `verl.plugin.platform.PlatformRegistry`: a `cpu` platform (verl has cuda/npu/rocm only), set as the
+       process's platform with `set_platform` (not through `VERL_PLATFORM`: verl resolves the platform
+       while importing its packages, before a plugin could register one): device name "cpu", gloo, `torch.cpu` as
+       the device module (+ the memory and RNG calls verl makes on it), current device "cpu" (verl
+       passes the "device id" straight to `.to()`), Ray resource "GPU" (the run declares CPU-backed GPU
+       slots to Ray, one per FSDP rank: verl's resource pools place workers by GPU bundles).
+    2. `torch.distributed.init_process_group`: verl builds the backend string
+       `cpu:gloo,<device>:<backend>`, which on CPU is `cpu:gloo,cpu:gloo` and torch refuses a device
+       named twice; the duplicate is dropped.
+    3. `verl.workers.engine.fsdp.transformer_impl.CPUOffloadPolicy`: the forward-only reference is
+       built with `CPUOffloadPolicy(pin_memory=True)`; pinning needs a CUDA driver, so it is built unpinned.
+    4. the `hf` rollout backend (`register_hf_rollout`).
+    """
+    global _cpu_patched
+    if _cpu_patched:
+        return
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import CPUOffloadPolicy
+    from verl.plugin.platform import PlatformBase, PlatformRegistry, set_platform
+    from verl.workers.engine.fsdp import transformer_impl
+
+    device_module = _cpu_device_module()
+
+    @PlatformRegistry.register(platform=CPU_PLATFORM)
+    class CpuPlatform(PlatformBase):
+        device_name = "cpu"
+        vendor_name = "cpu"
+        device_module = property(lambda self: device_module)
+
+        def is_available(self) -> bool:
+            return True
+
+        def is_platform_available(self, use_smi_check: bool = False) -> bool:
+            return False  # never auto-detected: only install_cpu_patches selects it
+
+        def current_device(self) -> Any:
+            return "cpu"  # verl passes it to `.to(...)` / `device=`: the device itself, not an index
+
+        def device_count(self) -> int:
+            return 1
+
+        def set_device(self, device_index: int) -> None:
+            pass
+
+        def synchronize(self, device_index: int | None = None) -> None:
+            pass
+
+        def manual_seed(self, seed: int) -> None:
+            torch.manual_seed(seed)
+
+        def manual_seed_all(self, seed: int) -> None:
+            torch.manual_seed(seed)
+
+        def set_allocator_settings(self, settings: str) -> None:
+            pass
+
+        def empty_cache(self) -> None:
+            pass
+
+        def get_device_capability(self, device_index: int = 0) -> tuple[int | None, int | None]:
+            return None, None
+
+        def communication_backend_name(self) -> str:
+            return "gloo"
+
+        def visible_devices_envvar(self) -> str:
+            return "CUDA_VISIBLE_DEVICES"  # what Ray sets for the declared GPU slots
+
+        def nvtx_range(self, msg: str):
+            import contextlib
+
+            return contextlib.nullcontext()
+
+        def profiler_start(self) -> None:
+            pass
+
+        def profiler_stop(self) -> None:
+            pass
+
+        def ray_resource_name(self) -> str:
+            return "GPU"
+
+        def ray_noset_envvars(self) -> list[str]:
+            return []
+
+        def is_ipc_supported(self) -> bool:
+            return False
+
+        def cudart(self) -> Any:
+            return None
+
+    real_init = dist.init_process_group
+    if not getattr(real_init, "_seal_cpu", False):
+        def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(backend, str) and "," in backend:
+                parts = list(dict.fromkeys(p.strip() for p in backend.split(",")))
+                backend = ",".join(parts)
+            return real_init(backend, *args, **kwargs)
+
+        init_process_group._seal_cpu = True  # type: ignore[attr-defined]
+        dist.init_process_group = init_process_group
+
+    class UnpinnedCPUOffloadPolicy(CPUOffloadPolicy):
+        def __init__(self, pin_memory: bool = False, **kwargs: Any):
+            super().__init__(pin_memory=False, **kwargs)
+
+    transformer_impl.CPUOffloadPolicy = UnpinnedCPUOffloadPolicy
+    for key, value in CPU_ENV_VARS.items():
+        os.environ[key] = value
+    # The platform is resolved once per process, possibly already (as CUDA) while verl was imported.
+    set_platform(CpuPlatform())
+    register_hf_rollout()
+    _cpu_patched = True
+
+
+def set_replica_server(replica: Any, handle: Any, address: str) -> None:
+    """The server a `RolloutReplica` launched: verl's replica exposes it through read-only properties over
+    `_server_handle` / `_server_address`, and `LLMServerManager` reads those private attributes directly;
+    a new backend's `launch_servers` has to set them."""
+    replica._server_handle = handle
+    replica._server_address = address
+
+
+def register_hf_rollout() -> None:
+    """`actor_rollout_ref.rollout.name=hf` (seal.engines.verl.hf_rollout) in verl's two rollout registries:
+    the replica through `RolloutReplicaRegistry.register` (public); the in-worker rollout class through
+    `verl.workers.rollout.base._ROLLOUT_REGISTRY`, a module dict `get_rollout_class` reads, with no
+    registration function in verl 0.9.1. Both are looked up by name when used: this may run while
+    hf_rollout itself is being imported (a Ray actor of that module importing verl, hence our plugin)."""
+    import importlib
+
+    from verl.workers.rollout import base as rollout_base
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    from seal.engines.verl.config import CPU_ROLLOUT_ENGINE
+
+    module = "seal.engines.verl.hf_rollout"
+    RolloutReplicaRegistry.register(CPU_ROLLOUT_ENGINE, lambda: importlib.import_module(module).HFReplica)
+    rollout_base._ROLLOUT_REGISTRY[(CPU_ROLLOUT_ENGINE, "async")] = f"{module}.HFServerAdapter"

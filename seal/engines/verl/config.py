@@ -36,6 +36,7 @@ from seal.run_dir import VERL_STEP_PREFIX, RunDir
 AGENT_LOOP_NAME = "seal_bfcl"  # seal.engines.verl.agent_loop.SealBfclAgentLoop
 TRAINER_MODE = "seal"  # seal.engines.verl.trainer.SealTrainer
 ROLLOUT_ENGINE = "vllm"
+CPU_ROLLOUT_ENGINE = "hf"  # seal.engines.verl.hf_rollout, the CPU path's rollout backend
 # Release: the reference policy's parameters are offloaded to CPU.
 REF_PARAM_OFFLOAD = True
 # Ours: checkpoints also carry Hugging Face weights (actor/huggingface) so `seal.evaluate` / vLLM can
@@ -43,6 +44,30 @@ REF_PARAM_OFFLOAD = True
 CHECKPOINT_CONTENTS = ["model", "optimizer", "extra", "hf_model"]
 # verl names of the loggers we forward; "jsonl" is written by our trainer (run_dir/metrics.jsonl).
 VERL_LOGGERS = {"console": "console", "wandb": "wandb"}
+# verl's HFModelConfig reads the attention backend from `override_config`, an empty dict in verl's
+# defaults, and falls back to flash_attention_2 (which fails to load without flash-attn): we always set it.
+ATTN_KEY = "actor_rollout_ref.model.override_config.attn_implementation"
+# The CPU path (trainer.device: cpu): FSDP computes in float32 (verl's FSDP mixed precision is bf16 unless
+# told otherwise, whatever the model dtype, and the hf rollout server computes in the model dtype).
+FP32_MIXED_PRECISION = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+CPU_MIXED_PRECISION_KEYS = ("actor_rollout_ref.actor.fsdp_config.mixed_precision",
+                            "actor_rollout_ref.ref.fsdp_config.mixed_precision")
+# Keys our mapping adds although verl's defaults lack them (everything else must exist in verl's defaults).
+ADDED_KEYS = frozenset({ATTN_KEY, *CPU_MIXED_PRECISION_KEYS, "ray_kwargs.ray_init.num_gpus"})
+# Ray's logical CPUs on the CPU path: verl's actors each ask for one, which says nothing about the cores.
+CPU_RAY_LOGICAL_CPUS = 16
+
+
+def resolve_attn_implementation(value: str) -> str:
+    """`model.attn_implementation` -> a Hugging Face attention backend: `auto` is flash_attention_2 when the
+    `flash_attn` package imports (verl's remove-padding path is built on it), else sdpa (in torch)."""
+    if value != "auto":
+        return value
+    try:
+        import flash_attn  # noqa: F401
+    except Exception:  # ImportError, or a wheel built against another torch (undefined symbol)
+        return "sdpa"
+    return "flash_attention_2"
 
 
 def verl_config_dir() -> Path:
@@ -109,6 +134,7 @@ def recipe_overrides(cfg: C.Recipe, run_dir: Path) -> dict[str, Any]:
     out: dict[str, Any] = {
         # model
         "actor_rollout_ref.model.path": cfg.model.path,
+        ATTN_KEY: resolve_attn_implementation(cfg.model.attn_implementation),
         "actor_rollout_ref.actor.fsdp_config.dtype": cfg.model.dtype,
         "actor_rollout_ref.ref.fsdp_config.dtype": cfg.model.dtype,
         "actor_rollout_ref.ref.fsdp_config.param_offload": REF_PARAM_OFFLOAD,
@@ -168,6 +194,8 @@ def recipe_overrides(cfg: C.Recipe, run_dir: Path) -> dict[str, Any]:
         "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": r.max_model_len,
         "actor_rollout_ref.actor.data_loader_seed": cfg.seed,
         "actor_rollout_ref.actor.checkpoint.save_contents": list(CHECKPOINT_CONTENTS),
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload": a.offload in ("optimizer", "all"),
+        "actor_rollout_ref.actor.fsdp_config.param_offload": a.offload == "all",
         # algorithm
         "algorithm.adv_estimator": alg.adv_estimator,
         "algorithm.norm_adv_by_std_in_grpo": alg.norm_adv_by_std_in_grpo,
@@ -197,6 +225,45 @@ def recipe_overrides(cfg: C.Recipe, run_dir: Path) -> dict[str, Any]:
         "trainer.log_val_generations": 0,
     }
     out.update(resume_settings(t.resume))
+    if t.device == "cpu":
+        out.update(cpu_overrides(cfg))
+    return out
+
+
+def cpu_overrides(cfg: C.Recipe) -> dict[str, Any]:
+    """verl on CPU (`trainer.device: cpu`, exp/tiny_verl_cpu.yaml): the same trainer, workers and agent loop,
+    with the `hf` rollout server instead of vLLM, FSDP2 on gloo in float32, and one process per role.
+
+    O: the GPU slots verl's resource pool places its FSDP workers on are declared to Ray (one per
+    `trainer.n_gpus_per_node`); the adapter's CPU platform maps them to the CPU.
+    """
+    out: dict[str, Any] = {
+        "trainer.device": "cpu",
+        "actor_rollout_ref.rollout.name": CPU_ROLLOUT_ENGINE,
+        # FSDP2: verl's FSDP1 path asks for a CUDA device id.
+        "actor_rollout_ref.actor.strategy": "fsdp2",
+        "actor_rollout_ref.ref.strategy": "fsdp2",
+        "actor_rollout_ref.actor.fsdp_config.strategy": "fsdp2",
+        "actor_rollout_ref.ref.fsdp_config.strategy": "fsdp2",
+        # torch.compile of the entropy kernel costs minutes on CPU and buys nothing at this size.
+        "actor_rollout_ref.actor.fsdp_config.use_torch_compile": False,
+        "actor_rollout_ref.ref.fsdp_config.use_torch_compile": False,
+        "actor_rollout_ref.actor.use_torch_compile": False,
+        "actor_rollout_ref.model.enable_gradient_checkpointing": False,
+        # Log-probs in 512-token chunks (verl's torch fused kernel) rather than the full [tokens, vocab]
+        # logits: a 6k-token BFCL prompt x Qwen2.5's 152k vocabulary is 3.6 GB per copy in float32.
+        "actor_rollout_ref.model.use_fused_kernels": True,
+        "actor_rollout_ref.model.fused_kernel_options.impl_backend": "torch",
+        # One agent-loop worker, one data loader process, one TransferQueue storage unit: each is a
+        # process importing torch; on a laptop they cost more than they parallelise.
+        "actor_rollout_ref.rollout.agent.num_workers": 1,
+        "data.dataloader_num_workers": 0,
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units": 1,
+        "ray_kwargs.ray_init.num_cpus": CPU_RAY_LOGICAL_CPUS,
+        "ray_kwargs.ray_init.num_gpus": cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes,
+    }
+    for key in CPU_MIXED_PRECISION_KEYS:
+        out[key] = dict(FP32_MIXED_PRECISION)
     return out
 
 
@@ -208,25 +275,45 @@ def to_verl_config(cfg: C.Recipe, run_dir: str | os.PathLike[str] | None = None,
         cfg: a composed, validated recipe (`seal.recipe.load_config`).
         run_dir: the run directory (default `seal.recipe.run_dir(cfg)`), made absolute.
         overrides: extra verl dotted overrides applied last (`key=value`, YAML values), for knobs our
-            recipe does not carry (e.g. `actor_rollout_ref.rollout.agent.num_workers=16`). A key verl
-            does not know is an error.
+            recipe does not carry (e.g. `actor_rollout_ref.rollout.agent.num_workers=16`). A key missing
+            from verl's defaults is an error unless written `+key=value` (Hydra's convention).
     """
     if cfg.engine != "verl":
         raise ValueError(f"to_verl_config needs engine: verl, the recipe says {cfg.engine!r}")
     run = Path(run_dir if run_dir is not None else C.run_dir(cfg)).resolve()
     verl_cfg = load_verl_defaults()
     for key, value in recipe_overrides(cfg, run).items():
-        if not _has_key(verl_cfg, key):
+        if key not in ADDED_KEYS and not _has_key(verl_cfg, key):
             raise KeyError(f"verl 0.9.1 has no config key {key!r} (our mapping is out of date)")
-        OmegaConf.update(verl_cfg, key, value, merge=False)
+        _set(verl_cfg, key, value)
     for item in overrides:
-        key, sep, raw = str(item).partition("=")
-        if not sep or not _has_key(verl_cfg, key):
-            raise KeyError(f"verl override {item!r}: not key=value with a known verl key")
-        OmegaConf.update(verl_cfg, key, OmegaConf.from_dotlist([f"v={raw}"]).v, merge=False)
+        key, value, add = parse_verl_override(item)
+        if not add and not _has_key(verl_cfg, key):
+            raise KeyError(f"verl override {item!r}: verl 0.9.1's defaults have no key {key!r} "
+                           f"(check the spelling, or write +{key}=... to add a key verl's defaults lack)")
+        if add and _has_key(verl_cfg, key):
+            raise KeyError(f"verl override {item!r}: {key!r} exists in verl's defaults; drop the '+'")
+        _set(verl_cfg, key, value)
     with open_dict(verl_cfg):
         verl_cfg.seal = {"run_dir": str(run), "recipe": C.to_container(cfg)}
     return verl_cfg
+
+
+def parse_verl_override(item: str) -> tuple[str, Any, bool]:
+    """`key=value` (a key of verl's defaults) or `+key=value` (a key verl's defaults lack), Hydra's
+    convention; the value is YAML. Returns (key, value, add)."""
+    text = str(item).strip()
+    add = text.startswith("+")
+    key, sep, raw = text.lstrip("+").partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise KeyError(f"verl override {item!r}: expected <verl key>=<value> or +<verl key>=<value>")
+    return key, OmegaConf.from_dotlist([f"v={raw}"]).v, add
+
+
+def _set(cfg: DictConfig, key: str, value: Any) -> None:
+    with open_dict(cfg):
+        OmegaConf.update(cfg, key, value, merge=False, force_add=True)
 
 
 def _has_key(cfg: DictConfig, dotted: str) -> bool:

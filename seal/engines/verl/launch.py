@@ -80,8 +80,9 @@ def check_env_services(urls: Sequence[str], timeout: float = 5.0) -> None:
         log.warning("env replica %s does not answer; episodes go to the others", url)
 
 
-def plugin_env_vars() -> dict[str, str]:
-    """Environment for every Ray process: load our plugin, find our packages, wandb offline without a key."""
+def plugin_env_vars(device: str = "cuda") -> dict[str, str]:
+    """Environment for every Ray process: load our plugin, find our packages, wandb offline without a key;
+    on the CPU path the plugin also installs the adapter's CPU patches (`SEAL_VERL_DEVICE=cpu`)."""
     repo = str(C.REPO_ROOT)
     modules = [m for m in os.environ.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m]
     if PLUGIN_MODULE not in modules:
@@ -93,6 +94,12 @@ def plugin_env_vars() -> dict[str, str]:
     }
     if not os.environ.get("WANDB_API_KEY"):
         env["WANDB_MODE"] = os.environ.get("WANDB_MODE", "offline")
+    if device == "cpu":
+        from seal.engines.verl.plugin import DEVICE_ENV
+
+        env[DEVICE_ENV] = "cpu"
+        env["TOKENIZERS_PARALLELISM"] = "false"
+        env.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
     return env
 
 
@@ -107,17 +114,29 @@ def build_verl_config(cfg: C.Recipe, run_dir: str | os.PathLike[str],
     if data.max_val_tasks is not None:
         data = replace(data, val_files=write_subset(_abs(data.val_files), data.max_val_tasks,
                                                     run.subset_file("val")))
-    cfg = replace(cfg, data=data)
+    cfg = replace(cfg, data=data, model=replace(cfg.model, path=model_path(cfg)))
     verl_cfg = to_verl_config(cfg, run.root, overrides)
     with open_dict(verl_cfg):
         ray_init = verl_cfg.ray_kwargs.ray_init
         current = OmegaConf.select(ray_init, "runtime_env.env_vars")
         env_vars = dict(OmegaConf.to_container(current, resolve=True)) if current is not None else {}
-        env_vars.update(plugin_env_vars())
+        env_vars.update(plugin_env_vars(cfg.trainer.device))
         ray_init.runtime_env.env_vars = env_vars
         if cfg.trainer.nnodes > 1 and not os.environ.get("RAY_ADDRESS"):
             ray_init.address = "auto"  # join the cluster started with `ray start` on every node
     return verl_cfg
+
+
+def model_path(cfg: C.Recipe) -> str:
+    """`model.path` as every Ray process sees it: a local directory made absolute (built first when
+    `model.build_tiny` is on, the CPU path), else a hub id as given."""
+    path = Path(cfg.model.path).expanduser()
+    if cfg.model.build_tiny and not (path / "config.json").is_file():
+        from seal.tiny_model import build_tiny_qwen2
+
+        log.info("building a tiny random Qwen2 at %s", path)
+        build_tiny_qwen2(path, hidden=cfg.model.tiny.hidden, layers=cfg.model.tiny.layers, seed=cfg.model.tiny.seed)
+    return str(path.resolve()) if path.exists() else cfg.model.path
 
 
 def _abs(path: Any) -> str:
@@ -129,23 +148,36 @@ def train(cfg: C.Recipe, run_dir: str | os.PathLike[str], overrides: Sequence[st
     """Train the recipe with verl; metrics.jsonl, checkpoints and verl_config.yaml land in `run_dir`."""
     if cfg.engine != "verl":
         raise ValueError(f"seal.engines.verl.launch.train needs engine: verl, the recipe says {cfg.engine!r}")
-    check_gpus(cfg)
+    if cfg.trainer.device == "cuda":
+        check_gpus(cfg)
     check_env_services(list(cfg.env.urls))
     verl_cfg = build_verl_config(cfg, run_dir, overrides)
-    os.environ.update(plugin_env_vars())  # this process too (the TaskRunner inherits ray_init's env)
+    os.environ.update(plugin_env_vars(cfg.trainer.device))  # this process too (the TaskRunner inherits ray_init's env)
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
     from verl.utils.device import auto_set_device
 
+    import seal.engines.verl.plugin  # noqa: F401  - registration in the driver as well
+
     # The adapter checks the installed verl version when imported: a clear error here, before Ray
     # starts workers whose plugin would only log it.
-    import seal.engines.verl.adapter  # noqa: F401
-    import seal.engines.verl.plugin  # noqa: F401  - registration in the driver as well
+    import seal.engines.verl.trainer  # noqa: F401  - imports the adapter (version check) without a cycle
+
+    if cfg.trainer.device == "cpu":
+        from seal.engines.verl.adapter import install_cpu_patches
+
+        install_cpu_patches()
 
     auto_set_device(verl_cfg)
     validate_config(verl_cfg, use_reference_policy=need_reference_policy(verl_cfg), use_critic=need_critic(verl_cfg))
     run = RunDir(run_dir)
     run.root.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(verl_cfg, run.verl_config_file)
-    run_ppo(verl_cfg, task_runner_class=TaskRunnerV1)
+    try:
+        run_ppo(verl_cfg, task_runner_class=TaskRunnerV1)
+    finally:
+        if cfg.trainer.device == "cpu":
+            import ray
+
+            ray.shutdown()  # the CPU path is run from tests and laptops: leave no Ray processes behind

@@ -13,6 +13,10 @@ nothing from verl. Instead it installs a post-import hook: when verl's agent-loo
 importing in a process, the module registering our class is imported right away, before the importer
 continues. If a package is already imported when the plugin loads, registration happens at once.
 Failures are logged as warnings (verl swallows plugin exceptions at debug level).
+
+With `SEAL_VERL_DEVICE=cpu` (set for every Ray process of a `trainer.device: cpu` run) it also installs
+`seal.engines.verl.adapter.install_cpu_patches` at once: that path imports verl's packages, which is why
+it is not the default.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import importlib
 import importlib.abc
 import importlib.util
 import logging
+import os
 import sys
 import threading
 from types import ModuleType
@@ -86,6 +91,17 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
 
 
 _FINDER = _PostImportFinder()
+DEVICE_ENV = "SEAL_VERL_DEVICE"  # "cpu": this process runs verl's GPU workers on CPU (exp/tiny_verl_cpu.yaml)
+
+
+def install_cpu_path() -> None:
+    """On the CPU path only: our trainer module first (it pulls in the adapter without an import cycle),
+    then the adapter's CPU patches, before any verl worker asks for its device."""
+    try:
+        importlib.import_module("seal.engines.verl.trainer")
+        importlib.import_module("seal.engines.verl.adapter").install_cpu_patches()
+    except Exception as exc:
+        log.warning("seal verl plugin: the CPU patches failed: %r", exc)
 
 
 def install() -> None:
@@ -101,3 +117,5 @@ def install() -> None:
 
 
 install()
+if os.environ.get(DEVICE_ENV) == "cpu":
+    install_cpu_path()

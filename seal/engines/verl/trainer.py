@@ -12,6 +12,7 @@ The mode runs synchronously (`trainer_mode` reads "sync" for verl's own checks):
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,9 @@ from seal.rollout.episode import check_infra_loss
 from seal.run_dir import Checkpoints, RunDir, best_record, improves
 
 log = logging.getLogger(__name__)
+# verl's convention (its modules do the same): INFO by default inside Ray workers, whose root logger verl sets
+# to WARNING; the trainer runs in the TaskRunner actor and "resumed SEAL state" must reach the run's log.
+log.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
 
 EXCLUDED_UID_PREFIX = "seal-excluded:"
 
