@@ -65,10 +65,11 @@ def main(argv: list[str] | None = None) -> int:
             more_held_in, more_ood = tables.pairs_from_mapping_file(document, args.map.parent)
             held_in_pairs += more_held_in
             ood_pairs += more_ood
-        held_in = tables.load_held_in(tables.held_in_mapping(held_in_pairs))
+        held_in_dirs = tables.held_in_mapping(held_in_pairs)
+        held_in = tables.load_held_in(held_in_dirs)
         ood = tables.load_ood(tables.ood_mapping(ood_pairs))
         selected = [name.strip() for name in args.tables.split(",") if name.strip()]
-        markdown = tables.render_tables(held_in, ood, selected)
+        markdown = tables.render_tables(held_in, ood, selected, rules=tables.held_in_rules(held_in_dirs))
     except (OSError, ValueError, yaml.YAMLError) as exc:
         print(f"make_tables: error: {exc}", file=sys.stderr)
         return 2

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from env_service.rules import DESCRIPTIONS, RELEASE
 from env_service.vocab import CATEGORIES
 from seal.eval.results import EvalDataError, read_summary
 from seal.report import paper_numbers as pn
@@ -240,8 +241,12 @@ def render_tables(
     held_in: Mapping[Row, Mapping[str, Estimate]],
     ood: Mapping[Row, Mapping[str, Estimate]],
     tables: Sequence[str] = TABLES,
+    rules: str | None = None,
 ) -> str:
-    """All requested tables as one markdown document (held-in also lists the reference points)."""
+    """All requested tables as one markdown document (held-in also lists the reference points).
+
+    ``rules``: the rules profile of the held-in evaluations (``held_in_rules``), named under the title so a
+    reader knows whether a figure is BFCL's own number or the training environment's."""
     unknown = [t for t in tables if t not in TABLES]
     if unknown:
         raise ValueError(f"unknown tables {unknown}; expected some of {TABLES}")
@@ -251,6 +256,8 @@ def render_tables(
         "Ours: percent ± binomial standard error; paper: as printed; Δ = ours − paper (points).",
         "",
     ]
+    if rules is not None and held_in:
+        parts += [f"Held-in evaluation rules: {DESCRIPTIONS[rules]} (docs/evaluation.md).", ""]
     if "held_in" in tables:
         parts += [render_table(held_in_spec(), held_in), render_reference_points()]
     if "ood" in tables:
@@ -275,6 +282,19 @@ def load_held_in(mapping: Mapping[str, str | Path]) -> dict[Row, dict[str, Estim
         except (OSError, ValueError) as exc:
             raise ValueError(f"row {row.key} ({directory}): {exc}") from None
     return out
+
+
+def held_in_rules(mapping: Mapping[str, str | Path]) -> str | None:
+    """The one rules profile of the held-in evaluation directories (None if there are none).
+
+    Rows evaluated under different profiles are refused: their numbers are not comparable. A summary
+    without ``rules`` predates the profiles and was played under the release's rules."""
+    found = {key: read_summary(directory).get("rules") or RELEASE for key, directory in mapping.items()}
+    profiles = sorted(set(found.values()))
+    if len(profiles) > 1:
+        listing = ", ".join(f"{key}: {rules}" for key, rules in found.items())
+        raise ValueError(f"held-in rows were evaluated under different rules profiles ({listing})")
+    return profiles[0] if profiles else None
 
 
 def load_ood(mapping: Mapping[str, Sequence[str | Path]]) -> dict[Row, dict[str, Estimate]]:

@@ -248,3 +248,21 @@ def test_cli_with_mapping_file_and_rows(tmp_path: Path, capsys: pytest.CaptureFi
     code = make_tables.main(["--row", f"llama70b+seal={vanilla}"])
     assert code == 2
     assert "unknown backbone" in capsys.readouterr().err
+
+
+def test_tables_name_the_rules_profile_and_refuse_mixed_profiles(tmp_path: Path) -> None:
+    official = write_eval_dir(tmp_path / "official", COUNTS)
+    summary_path = official / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    summary["rules"] = "official"
+    summary_path.write_text(json.dumps(summary))
+    mapping = {"Qwen2.5-7B-Instruct+SEAL": official}
+    rules = tables.held_in_rules(mapping)
+    assert rules == "official"
+    markdown = tables.render_tables(tables.load_held_in(mapping), {}, rules=rules)
+    assert "Held-in evaluation rules: official (BFCL's multi-turn pipeline" in markdown
+    # A summary written before the profiles existed was played under the release's rules.
+    legacy = write_eval_dir(tmp_path / "legacy", COUNTS)
+    assert tables.held_in_rules({"Qwen2.5-7B-Instruct": legacy}) == "release"
+    with pytest.raises(ValueError, match="different rules profiles"):
+        tables.held_in_rules({"Qwen2.5-7B-Instruct+SEAL": official, "Qwen2.5-7B-Instruct": legacy})
