@@ -31,6 +31,11 @@ class Budget:
         if not (self.wall_s > 0 and self.memory_mb > 0 and self.reply_bytes > 0 and self.max_calls > 0):
             raise ValueError(f"every budget limit must be positive: {self}")
 
+    def check_calls(self, count: int) -> None:
+        """BudgetExceeded when one message makes more than ``max_calls`` calls (checked before any runs)."""
+        if count > self.max_calls:
+            raise BudgetExceeded("calls", f"the message makes more than {self.max_calls} calls.")
+
 
 class BudgetExceeded(Exception):
     """An action went over one limit of the budget (``limit`` in ``LIMITS``)."""

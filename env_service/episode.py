@@ -108,8 +108,7 @@ class Episode:
             observation = rejected_call_message(parsed.error) + self._hint(vocab.PARSE_ERROR, parsed.error)
         elif parsed.calls:
             try:
-                if len(parsed.calls) > self.config.budget.max_calls:
-                    raise BudgetExceeded("calls", f"the message makes more than {self.config.budget.max_calls} calls.")
+                self.config.budget.check_calls(len(parsed.calls))
                 observation, error_type = self._execute(parsed.calls, turn)
             except BudgetExceeded as exc:
                 return self.end_over_budget(exc, [c["name"] for c in parsed.calls])
@@ -193,28 +192,11 @@ class Episode:
             observation = self._advance_turn()
         else:
             attempted = [str(n) for n, _ in decoded.calls]
-            if len(decoded.calls) > self.config.budget.max_calls:  # the same cost budget as the release rules
-                exc = BudgetExceeded("calls", f"the message makes more than {self.config.budget.max_calls} calls.")
+            try:  # the same cost budget as under the release rules
+                self.config.budget.check_calls(len(decoded.calls))
+                observation, error_type = self._execute_official(decoded.calls, turn, attempted)
+            except BudgetExceeded as exc:
                 return self.end_over_budget(exc, attempted)
-            accepted, results, checker = [], [], []
-            reply_left = self.config.budget.reply_bytes
-            for name, arguments in decoded.calls:
-                known = isinstance(name, str) and self.executor.knows(name)
-                result = official.failure_text(name, arguments, known)
-                runnable = result is None
-                if runnable:
-                    try:
-                        result = self.executor.call(name, arguments, reply_left)
-                    except BudgetExceeded as exc:
-                        return self.end_over_budget(exc, attempted)
-                    reply_left -= len(result)
-                    accepted.append(AcceptedCall(name, arguments, result, is_error_result(result)))
-                if is_error_result(result):
-                    error_type = vocab.TOOL_ERROR
-                results.append(result)
-                checker.append(official.checker_call(name, arguments, runnable))
-            turn.steps.append(Step("calls", calls=accepted, attempted=attempted, checker_calls=checker))
-            observation = official.tool_responses(results)
             self.steps_in_turn += 1
             if self.steps_in_turn > official.MAXIMUM_STEP_LIMIT:
                 self.done, self.end_reason, observation = True, "force_quit", None
@@ -227,6 +209,27 @@ class Episode:
             "turn": self.turn,
             "info": {"error_type": error_type, "end_reason": self.end_reason, "steps": self.steps_total},
         }
+
+    def _execute_official(self, calls: list[tuple[Any, Any]], turn: Turn, attempted: list[str]
+                          ) -> tuple[str, str | None]:
+        """Run one decoded reply's calls as BFCL does: every call runs or gets the error text BFCL's eval would
+        give; the results come back in one message. Raises BudgetExceeded like ``_execute``."""
+        accepted, results, checker, error_type = [], [], [], None
+        reply_left = self.config.budget.reply_bytes
+        for name, arguments in calls:
+            known = isinstance(name, str) and self.executor.knows(name)
+            result = official.failure_text(name, arguments, known)
+            runnable = result is None
+            if runnable:
+                result = self.executor.call(name, arguments, reply_left)
+                reply_left -= len(result)
+                accepted.append(AcceptedCall(name, arguments, result, is_error_result(result)))
+            if is_error_result(result):
+                error_type = vocab.TOOL_ERROR
+            results.append(result)
+            checker.append(official.checker_call(name, arguments, runnable))
+        turn.steps.append(Step("calls", calls=accepted, attempted=attempted, checker_calls=checker))
+        return official.tool_responses(results), error_type
 
     def _advance_turn(self) -> str | None:
         self.turn += 1
