@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 def sampled_spans(ids: list[int], mask: list[int]) -> list[list[int]]:
     """The runs of ``ids`` where ``mask`` is 1: the model's sampled spans of a token-exact response."""
@@ -13,3 +15,18 @@ def sampled_spans(ids: list[int], mask: list[int]) -> list[list[int]]:
             out.append(cur)
             cur = []
     return out + ([cur] if cur else [])
+
+
+def play_turns(task: Any, turns: list[list[str]], config: Any, mode: str = "eval") -> Any:
+    """An ``env_service`` episode of ``task`` (raw interface) played with raw assistant messages turn by turn;
+    each turn is closed with a plain reply. Returns the episode (call ``evaluate()`` for its verdict)."""
+    from env_service.episode import Episode
+    from env_service.interface import parse_interface
+
+    episode = Episode("t", task, mode, parse_interface(None), config)
+    for messages in turns:
+        for content in messages:
+            episode.step(content)
+        if not episode.done:
+            episode.step("Done.")
+    return episode

@@ -14,11 +14,10 @@ import pytest
 from env_service import vocab
 from env_service.config import EpisodeConfig, StepLimit
 from env_service.diagnosis import OwnCheck, TurnEvidence, paper_label
-from env_service.episode import Episode
-from env_service.interface import parse_interface
 from env_service.parser import format_tool_call
 from env_service.tasks import Call, load_tasks
 from env_service.trajectory import AcceptedCall, Step, Turn
+from tests.helpers import play_turns
 
 TASKS = load_tasks()
 WIDE = EpisodeConfig(step_limit=StepLimit("episode", 200))
@@ -34,13 +33,7 @@ def gt_turn(task_id: str, index: int) -> list[str]:
 
 def grade(task_id: str, turns: list[list[str]], config: EpisodeConfig = WIDE) -> dict:
     """Play ``turns`` (each a list of assistant messages, then a plain reply ends the turn) and evaluate."""
-    ep = Episode("d", TASKS[task_id], "train", parse_interface(None), config)
-    for messages in turns:
-        for message in messages:
-            ep.step(message)
-        if not ep.done:
-            ep.step("done")
-    return ep.evaluate()
+    return play_turns(TASKS[task_id], turns, config, mode="train").evaluate()
 
 
 # --- every label on a real task (turn 0 of a base task) ----------------------------------------------

@@ -17,6 +17,7 @@ from env_service.executor import ToolExecutor
 from env_service.interface import parse_interface
 from env_service.parser import format_tool_call, parse_tool_calls
 from env_service.tasks import load_split, load_tasks
+from tests.helpers import play_turns
 
 TASKS = load_tasks()
 WIDE = EpisodeConfig(step_limit=StepLimit("episode", 200))
@@ -24,14 +25,8 @@ OFFICIAL = EpisodeConfig(step_limit=StepLimit("episode", 200), strict_availabili
 
 
 def play(task_id: str, turns: list[list[str]], config: EpisodeConfig = WIDE) -> Episode:
-    """Play raw assistant messages turn by turn; each turn is closed with a plain reply."""
-    episode = Episode("t", TASKS[task_id], "eval", parse_interface(None), config)
-    for messages in turns:
-        for content in messages:
-            episode.step(content)
-        if not episode.done:
-            episode.step("Done.")
-    return episode
+    """Play raw assistant messages turn by turn (eval mode); each turn is closed with a plain reply."""
+    return play_turns(TASKS[task_id], turns, config)
 
 
 # --- data and split --------------------------------------------------------------------------------
