@@ -12,21 +12,16 @@ process-wide state.
 from __future__ import annotations
 
 import multiprocessing as mp
-import socket
 
 import pytest
+
+from env_service.process import free_port
 
 pytest.importorskip("verl")
 
 LENGTHS = (7, 12, 5)
 # verl computes in bf16 unless told otherwise (FSDP mixed precision), whatever the model dtype.
 FP32_MIXED_PRECISION = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _packed_vs_padded(model_dir: str, port: int, queue) -> None:  # runs in the spawned process
@@ -104,7 +99,7 @@ def test_remove_padding_forward_under_sdpa_matches_unpacked(tmp_path):
     model_dir = build_tiny_qwen2(tmp_path / "tiny", hidden=64, layers=2)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    proc = ctx.Process(target=_packed_vs_padded, args=(str(model_dir), _free_port(), queue))
+    proc = ctx.Process(target=_packed_vs_padded, args=(str(model_dir), free_port(), queue))
     proc.start()
     try:
         result = queue.get(timeout=240)

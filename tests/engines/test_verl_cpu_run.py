@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from env_service.process import free_port
 
 pytest.importorskip("verl")
 
@@ -24,12 +25,6 @@ REPO = Path(__file__).resolve().parents[2]
 # The local engine's SEAL metric families (docs/run_directory.md): the verl run must log the same.
 SEAL_PREFIXES = ("apatch/", "capability/", "interface/", "train/", "val/")
 RUN_TIMEOUT_S = 1500
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _launch(run_root: Path, port: int, *extra: str) -> str:
@@ -56,7 +51,7 @@ def _by_step(metrics_file: Path) -> dict[int, dict]:
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("SEAL_VERL_E2E") != "1", reason="verl CPU end-to-end run: set SEAL_VERL_E2E=1")
 def test_verl_trainer_runs_the_seal_step_on_cpu_and_resumes(tmp_path):
-    port = _free_port()
+    port = free_port()
     _launch(tmp_path, port)
     run = tmp_path / "tiny_verl_cpu"
     steps = _by_step(run / "metrics.jsonl")
