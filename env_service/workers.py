@@ -74,6 +74,10 @@ class Handle:
     last_access: float = field(default_factory=time.monotonic)
     evaluated: bool = False
 
+    def build(self, tasks: dict[str, Task], config: EpisodeConfig) -> Episode:
+        """A fresh episode as this handle describes it (at creation, and when a worker is rebuilt)."""
+        return Episode(self.id, tasks[self.task_id], self.mode, self.interface, config, self.step_limit, self.rules)
+
 
 class WorkerLost(Exception):
     """The worker broke the budget (or died) while running an action."""
@@ -118,7 +122,7 @@ class _WorkerState:
         self.pid = os.getpid()
 
     def build(self, h: Handle) -> Episode:
-        episode = Episode(h.id, self.tasks[h.task_id], h.mode, h.interface, self.config, h.step_limit, h.rules)
+        episode = h.build(self.tasks, self.config)
         self.episodes[h.id] = episode
         self.held[h.id] = 0
         return episode
@@ -424,8 +428,7 @@ class InProcessPool:
         return 0
 
     async def create(self, handle: Handle) -> tuple[list[dict], list[dict]]:
-        episode = Episode(handle.id, self.tasks[handle.task_id], handle.mode, handle.interface, self.config,
-                          handle.step_limit, handle.rules)
+        episode = handle.build(self.tasks, self.config)
         self.handles[handle.id], self.episodes[handle.id] = handle, episode
         return episode.initial_messages(), episode.presented_tools()
 
