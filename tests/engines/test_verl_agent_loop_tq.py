@@ -122,7 +122,9 @@ def test_tq_worker_writes_every_field_the_advantage_step_reads(tq_cluster, servi
         assert float(scores[i][:-1].abs().sum()) == 0.0
         assert ex["task_id"] == TASKS[i // N] and ex["interface_version"] == omega["version"]
         assert ex["min_global_steps"] is not None
-    # Replays of the ground truth pass, refusals do not: rewards differ inside each group.
+    # Replays of the ground truth pass, refusals do not: rewards differ inside each group. Which session
+    # replays is decided by which one reaches the scripted server first, so the check is per group, not per
+    # session index.
     rewards = np.array([float(dict(ex)["reward"]) for ex in extras]).reshape(len(TASKS), N)
-    assert (rewards[:, 0] > rewards[:, 1]).all()
+    assert [sorted(group) for group in rewards.tolist()] == [[0.0, 1.0]] * len(TASKS), rewards
     assert padded["response_mask"].shape[0] == len(keys)
