@@ -4,9 +4,10 @@
 (the paper's four in their order, then any other sorted), in file order within a category: the first
 task of each category, then the second, ... so a handful of tasks still covers every category. The
 local engine applies the rule to the task list it trains on; the verl engine writes the same rows to
-a subset parquet that verl's data loader reads. The rule lives here, beside the batching both engines
-share (seal/engines/batching.py), because it is about the engines' input files: `env_service` serves
-tasks by id and never sees a split file, and the two engine packages must not import each other.
+a subset parquet that verl's data loader reads. `data.train_task_ids` / `val_task_ids` name the tasks
+instead (in the order given; an id the split lacks is an error), for smoke runs on chosen tasks.
+The rule lives here, beside the batching both engines share (seal/engines/batching.py), because it
+is about the engines' input files: `env_service` serves tasks by id and never sees a split file, and the two engine packages must not import each other.
 """
 
 from __future__ import annotations
@@ -73,18 +74,32 @@ def split_tasks(frame: Any, path: str | os.PathLike[str]) -> list[Task]:
     return [_row_task(row, Path(path)) for _, row in frame.iterrows()]
 
 
-def load_tasks(path: str | os.PathLike[str], limit: int | None = None) -> list[Task]:
-    """Task ids (and categories) of a parquet split (`data/bfcl_*.parquet`), `limit` by the subset rule."""
+def subset_rows(tasks: Sequence[Task], n: int | None = None, ids: Sequence[str] | None = None) -> list[int]:
+    """Row indices of a split's subset: the tasks named by `ids` (in that order), else the round-robin
+    rule; `n` caps the count either way."""
+    if not ids:
+        return round_robin([t.category for t in tasks], n)
+    row_of = {t.task_id: i for i, t in enumerate(tasks)}
+    missing = [i for i in ids if i not in row_of]
+    if missing:
+        raise ValueError(f"task ids not in the split: {', '.join(missing)}")
+    rows = list(dict.fromkeys(row_of[i] for i in ids))
+    return rows if n is None else rows[:n]
+
+
+def load_tasks(path: str | os.PathLike[str], limit: int | None = None,
+               ids: Sequence[str] | None = None) -> list[Task]:
+    """Task ids (and categories) of a parquet split (`data/bfcl_*.parquet`), subset by `subset_rows`."""
     tasks = split_tasks(_read_split(path), path)
-    return [tasks[i] for i in round_robin([t.category for t in tasks], limit)]
+    return [tasks[i] for i in subset_rows(tasks, limit, ids)]
 
 
-def write_subset(path: str | os.PathLike[str], n: int, out: Path) -> str:
-    """The subset rule's rows of a split written to `out` (the split itself when `n` covers it)."""
+def write_subset(path: str | os.PathLike[str], n: int | None, out: Path, ids: Sequence[str] | None = None) -> str:
+    """The subset's rows of a split written to `out` (the split itself when the subset is all of it)."""
     frame = _read_split(path)
-    if n >= len(frame):
+    rows = subset_rows(split_tasks(frame, path), n, ids)
+    if rows == list(range(len(frame))):
         return str(path)
-    rows = round_robin([t.category for t in split_tasks(frame, path)], n)
     out.parent.mkdir(parents=True, exist_ok=True)
     frame.iloc[rows].reset_index(drop=True).to_parquet(out)
     return str(out)

@@ -127,6 +127,11 @@ class DataConfig:
     max_train_tasks: int | None = knob(None, source="ours", ge=1,
                                        help="subset for smoke runs, round-robin over the four categories")
     max_val_tasks: int | None = knob(None, source="ours", ge=1, help="validation subset, as max_train_tasks")
+    train_task_ids: list[str] | None = knob(None, source="ours",
+                                            help="train on exactly these tasks of train_files, in this order "
+                                                 "(instead of the round-robin rule; max_train_tasks still caps "
+                                                 "the count); for smoke runs on chosen, e.g. short, tasks")
+    val_task_ids: list[str] | None = knob(None, source="ours", help="validation tasks by id, as train_task_ids")
     max_prompt_length: int = knob(8192, source="paper", ge=1, help="prompt tokens")
     max_response_length: int = knob(4096, source="paper", ge=1, help="response tokens of a whole episode")
     shuffle: bool = knob(True, source="release", help="shuffle the training tasks every epoch")

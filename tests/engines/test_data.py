@@ -44,3 +44,14 @@ def test_bad_split_files(tmp_path):
     pd.DataFrame([{"data_source": BASE, "extra_info": {"split": "train"}}]).to_parquet(tmp_path / "bad.parquet")
     with pytest.raises(ValueError, match="task_id"):
         load_tasks(tmp_path / "bad.parquet")
+
+
+def test_tasks_named_by_id_in_the_order_given(tmp_path):
+    ids = ["multi_turn_miss_func_3", "multi_turn_base_0", "multi_turn_miss_func_3"]
+    tasks = load_tasks(TRAIN, None, ids)
+    assert [t.task_id for t in tasks] == ids[:2]  # a repeated id is kept once
+    assert [t.task_id for t in load_tasks(TRAIN, 1, ids)] == ids[:1]  # max_*_tasks still caps the count
+    out = write_subset(str(TRAIN), None, tmp_path / "named.parquet", ids)
+    assert [t.task_id for t in load_tasks(out)] == ids[:2]  # the verl engine's file holds the same tasks
+    with pytest.raises(ValueError, match="not in the split: multi_turn_base_999"):
+        load_tasks(TRAIN, None, ["multi_turn_base_0", "multi_turn_base_999"])

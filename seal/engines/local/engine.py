@@ -123,8 +123,8 @@ def setup(cfg: C.Recipe, run_dir: str | os.PathLike[str], generate_factory: Gene
     device = _device()
     autocast_dtype = _dtypes(cfg, device)
 
-    train_tasks = load_tasks(cfg.data.train_files, cfg.data.max_train_tasks)
-    val_tasks = load_tasks(cfg.data.val_files, cfg.data.max_val_tasks)
+    train_tasks = load_tasks(cfg.data.train_files, cfg.data.max_train_tasks, cfg.data.train_task_ids)
+    val_tasks = load_tasks(cfg.data.val_files, cfg.data.max_val_tasks, cfg.data.val_task_ids)
     total_steps = C.total_training_steps(cfg, len(train_tasks))
     spe = C.steps_per_epoch(cfg, len(train_tasks))
 

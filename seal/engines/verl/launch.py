@@ -5,7 +5,7 @@ What it does, in order:
    `python launcher.py --conf exp/tiny_cpu.yaml`);
 2. checks that every env-service URL answers `/healthz` (the launcher starts the service);
 3. writes the task subsets (`seal.engines.data`, the local engine's rule) when `data.max_train_tasks` /
-   `max_val_tasks` are set;
+   `max_val_tasks` or `train_task_ids` / `val_task_ids` are set;
 4. builds verl's config (`seal.engines.verl.config.to_verl_config`) and lets verl validate it;
 5. runs verl's own entry (`verl.trainer.main_ppo.run_ppo` with the v1 `TaskRunnerV1`) with trainer mode
    `seal`. verl starts Ray (several nodes: start a Ray cluster first and export `RAY_ADDRESS`, or the
@@ -108,12 +108,12 @@ def build_verl_config(cfg: C.Recipe, run_dir: str | os.PathLike[str],
     """The verl config of a run: subsets written under `run_dir/data`, Ray settings for our plugin."""
     run = RunDir(Path(run_dir).resolve())
     data = cfg.data
-    if data.max_train_tasks is not None:
+    if data.max_train_tasks is not None or data.train_task_ids:
         data = replace(data, train_files=write_subset(_abs(data.train_files), data.max_train_tasks,
-                                                      run.subset_file("train")))
-    if data.max_val_tasks is not None:
+                                                      run.subset_file("train"), data.train_task_ids))
+    if data.max_val_tasks is not None or data.val_task_ids:
         data = replace(data, val_files=write_subset(_abs(data.val_files), data.max_val_tasks,
-                                                    run.subset_file("val")))
+                                                    run.subset_file("val"), data.val_task_ids))
     cfg = replace(cfg, data=data, model=replace(cfg.model, path=model_path(cfg)))
     verl_cfg = to_verl_config(cfg, run.root, overrides)
     with open_dict(verl_cfg):
