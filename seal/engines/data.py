@@ -7,7 +7,8 @@ local engine applies the rule to the task list it trains on; the verl engine wri
 a subset parquet that verl's data loader reads. `data.train_task_ids` / `val_task_ids` name the tasks
 instead (in the order given; an id the split lacks is an error), for smoke runs on chosen tasks.
 The rule lives here, beside the batching both engines share (seal/engines/batching.py), because it
-is about the engines' input files: `env_service` serves tasks by id and never sees a split file, and the two engine packages must not import each other.
+is about the engines' input files: `env_service` serves tasks by id and never sees a split file, and
+the two engine packages must not import each other.
 """
 
 from __future__ import annotations
