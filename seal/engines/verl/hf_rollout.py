@@ -15,7 +15,8 @@ be served on CPU for debugging. The three pieces, in verl's roles:
   hands it the actor's weights (`ActorRolloutRefWorker.update_weights`, the `naive` checkpoint engine);
   the replica's first rank sends them to its server, which records the weight version (`global_steps`).
 
-Log-probs are those verl's actor recomputes: log-softmax of the logits divided by the temperature, before
+Generation is the local engine's (`seal.rollout.hf_generation.generate_batch`, one request at a time), so
+log-probs are those verl's actor recomputes: log-softmax of the logits divided by the temperature, before
 top-p/top-k truncation (greedy: temperature 1). With the same weights and dtype, verl's
 `training/rollout_probs_diff_*` metrics are then round-off: the evidence that sequences are token-exact
 and weights synced. Registration with verl (its rollout registries) is in `seal.engines.verl.adapter`.
@@ -35,24 +36,21 @@ from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
 from seal.engines.verl.config import CPU_ROLLOUT_ENGINE as ROLLOUT_NAME  # noqa: F401  - rollout.name
+from seal.rollout.hf_generation import generate_batch, stop_token_ids
+from seal.rollout.types import SamplingParams
 
 log = logging.getLogger(__name__)
 
 SERVER_NAME = "seal_hf_rollout_server_{rank}"  # Ray actor name of replica `rank`'s server
 
 
-def _torch_dtype(name: str | None) -> torch.dtype:
+def torch_dtype(name: str | None) -> torch.dtype:
+    """A verl dtype name (`bfloat16`/`bf16`, `float16`/`fp16`, `float32`/`fp32`) as a torch dtype."""
     names = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
              "float32": torch.float32, "fp32": torch.float32}
-    return names.get(str(name), torch.float32)
-
-
-def sampled_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: float) -> list[float]:
-    """Log-prob of each sampled token: log_softmax(logits / T) at the token ([steps, vocab] -> [steps]);
-    T <= 0 (greedy) counts as 1. This is what verl's actor computes for `old_log_probs`."""
-    scale = float(temperature) if temperature and temperature > 0 else 1.0
-    logp = torch.log_softmax(logits.float() / scale, dim=-1)
-    return logp.gather(-1, token_ids.long().unsqueeze(-1)).squeeze(-1).tolist()
+    if str(name) not in names:
+        raise ValueError(f"hf rollout server: unknown dtype {name!r} (one of {sorted(names)})")
+    return names[str(name)]
 
 
 class HFRolloutServer:
@@ -72,14 +70,9 @@ class HFRolloutServer:
         self.max_model_len = max_model_len
         self.tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
         self.model = AutoModelForCausalLM.from_pretrained(
-            model_path, dtype=_torch_dtype(dtype), attn_implementation=attn_implementation,
+            model_path, dtype=torch_dtype(dtype), attn_implementation=attn_implementation,
             trust_remote_code=trust_remote_code).eval()
-        stops = {int(self.tokenizer.eos_token_id)}
-        gen_eos = getattr(self.model.generation_config, "eos_token_id", None)
-        stops.update([gen_eos] if isinstance(gen_eos, int) else list(gen_eos or ()))
-        self.stop_ids = sorted(int(x) for x in stops)
-        pad = self.tokenizer.pad_token_id
-        self.pad_id = int(pad if pad is not None else self.tokenizer.eos_token_id)
+        self.stop_ids = stop_token_ids(self.model, self.tokenizer)
         self.global_steps: int | None = None
         self.weight_updates = 0
         self.requests = 0
@@ -88,39 +81,26 @@ class HFRolloutServer:
 
     # ------------------------------------------------------------------ generation
     def generate_sync(self, prompt_ids: list[int], sampling: dict[str, Any]) -> TokenOutput:
-        from transformers import GenerationConfig
-
         room = None if not self.max_model_len else int(self.max_model_len) - len(prompt_ids)
         if room is not None and room < 1:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room within max_model_len "
                              f"{self.max_model_len}")
         limit = sampling.get("max_tokens", sampling.get("max_new_tokens"))
         max_new = min(int(limit), room) if limit is not None and room is not None else (limit or room or 512)
-        temperature = float(sampling.get("temperature", 1.0))
-        greedy = temperature <= 0.0 or not sampling.get("do_sample", True)
-        top_k = int(sampling.get("top_k", -1))
-        gen_cfg = GenerationConfig(
-            max_new_tokens=int(max_new), do_sample=not greedy,
-            temperature=None if greedy else temperature,
-            top_p=None if greedy else float(sampling.get("top_p", 1.0)),
-            top_k=None if greedy else (top_k if top_k > 0 else 0),  # HF: 0 disables top-k
-            eos_token_id=self.stop_ids, pad_token_id=self.pad_id,
-            output_logits=True, return_dict_in_generate=True,
-        )
-        with self.lock, torch.no_grad():
-            # Sampling draws from torch's global generator: seed it from ours, so a replica's stream is
-            # reproducible for a given request order and independent of other code in the process.
-            torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=self.generator)))
-            inputs = torch.tensor([list(prompt_ids)], dtype=torch.long)
-            out = self.model.generate(inputs, attention_mask=torch.ones_like(inputs), generation_config=gen_cfg)
-            new = out.sequences[0, inputs.shape[1]:]
-            logits = torch.cat([step[:1] for step in out.logits], dim=0)[: new.shape[0]]
-            logprobs = sampled_logprobs(logits, new, 1.0 if greedy else temperature)
-        ids = [int(t) for t in new.tolist()]
-        # HF pads a finished row only in a batch; a single sequence ends at its stop token.
-        self.requests += 1
-        return TokenOutput(token_ids=ids, log_probs=logprobs, stop_reason="completed",
-                           extra_fields={"global_steps": self.global_steps})
+        greedy = float(sampling.get("temperature", 1.0)) <= 0.0 or not sampling.get("do_sample", True)
+        with self.lock:
+            # Each request's sampling stream is seeded from the replica's own generator: reproducible for a
+            # given request order, independent of any other code in the process.
+            seed = int(torch.randint(0, 2**62, (1,), generator=self.generator))
+            params = SamplingParams(temperature=0.0 if greedy else float(sampling.get("temperature", 1.0)),
+                                    top_p=float(sampling.get("top_p", 1.0)), top_k=int(sampling.get("top_k", -1)),
+                                    max_tokens=int(max_new), seed=seed)
+            # The local engine's generation (one row): tokens as sampled, log-probs under softmax(logits / T)
+            # before top-k/top-p (T = 1 when greedy), the quantity verl's actor recomputes.
+            (out,) = generate_batch(self.model, [list(prompt_ids)], [params], self.stop_ids, torch.device("cpu"))
+            self.requests += 1
+        return TokenOutput(token_ids=list(out.token_ids), log_probs=list(out.logprobs or ()),
+                           stop_reason="completed", extra_fields={"global_steps": self.global_steps})
 
     async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any], request_id: str,
                        image_data: Any = None, video_data: Any = None, **kwargs: Any) -> TokenOutput:
