@@ -184,7 +184,7 @@ class RunDir:
         return self.root / VALIDATION_DIR / f"{STEP_PREFIX}{int(step)}.jsonl"
 
     def subset_file(self, split: str) -> Path:
-        """Where the verl engine writes a round-robin subset of a split (`train` or `val`)."""
+        """Where the verl engine writes the task subset of a split (`train` or `val`, `seal.engines.data`)."""
         return self.root / DATA_DIR / f"{split}_subset.parquet"
 
     def eval_dir(self, name: str) -> Path:

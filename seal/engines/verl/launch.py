@@ -99,7 +99,9 @@ def plugin_env_vars(device: str = "cuda") -> dict[str, str]:
 
         env[DEVICE_ENV] = "cpu"
         env["TOKENIZERS_PARALLELISM"] = "false"
-        env.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
+        # Every core for torch in each verl process (Ray would give each actor one thread): the heavy
+        # phases (generation, the actor's and the reference's log-probs, the update) run one after another.
+        env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS") or str(len(os.sched_getaffinity(0)))
     return env
 
 
