@@ -500,6 +500,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-model-len", type=int, default=16384, help="context window (release 16384)")
     p.add_argument("--device", default=None, help="hf: torch device (default cuda if available, else cpu)")
     p.add_argument("--dtype", default="auto", help="hf: torch dtype (auto, bfloat16, float32, ...)")
+    p.add_argument("--hf-batch-size", type=int, default=32, help="hf: model calls of concurrent episodes "
+                   "generated together (default 32; 1 = one at a time, bit-for-bit independent of concurrency)")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm: tensor parallel size")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="vllm: GPU memory fraction")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -511,6 +513,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--run evaluates held-in; for OOD pass --policy hf:<checkpoint> --benchmark ...")
     if args.concurrency <= 0:
         p.error("--concurrency must be positive")
+    if args.hf_batch_size <= 0:
+        p.error("--hf-batch-size must be positive")
     if args.rules == OFFICIAL and (args.official_availability or args.step_limit_scope or args.max_steps):
         p.error("--rules official sets BFCL's own step and availability rules; --official-availability, "
                 "--step-limit-scope and --max-steps tune the release profile only")
@@ -538,7 +542,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     options = PolicyOptions(max_tokens_per_call=args.max_tokens_per_call, max_model_len=args.max_model_len,
                             device=args.device, dtype=args.dtype, tensor_parallel_size=args.tensor_parallel_size,
-                            gpu_memory_utilization=args.gpu_memory_utilization)
+                            gpu_memory_utilization=args.gpu_memory_utilization, hf_batch_size=args.hf_batch_size)
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
     try:
         if args.benchmark:

@@ -142,6 +142,13 @@ def test_policy_and_run_are_exclusive(capsys):
         ev.parse_args([])
 
 
+def test_hf_batch_size_flag():
+    assert ev.parse_args(["--policy", "empty", "--hf-batch-size", "1"]).hf_batch_size == 1
+    assert ev.parse_args(["--policy", "empty"]).hf_batch_size == 32
+    with pytest.raises(SystemExit):
+        ev.parse_args(["--policy", "empty", "--hf-batch-size", "0"])
+
+
 # --- checkpoint selection ------------------------------------------------------------------------------
 
 
