@@ -45,6 +45,7 @@ from seal.rollout.types import Generation, Rollout, RolloutLimits, SamplingParam
 log = logging.getLogger("seal.engines.local.warm_start")
 
 INFO_FILE = "warm_start.json"
+GRAD_PROMPT_TOKENS = 256  # the prompt's tail that the supervised phase backpropagates through (_Example)
 
 
 def build_warm_start(cfg: C.Recipe, base_path: Path, tasks: Sequence[Task]) -> Path:
@@ -65,7 +66,7 @@ def build_warm_start(cfg: C.Recipe, base_path: Path, tasks: Sequence[Task]) -> P
     log.info("warm start: supervised phase on %d ground-truth episodes (%d reply tokens)", len(rollouts),
              sum(sum(r.response_mask) for r in rollouts))
     summary = supervised_phase(model, rollouts, steps=ws.max_steps, lr=ws.lr, target_prob=ws.target_prob,
-                               seed=cfg.seed)
+                               seed=cfg.seed, schedule=ws.lr_schedule)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
@@ -149,18 +150,25 @@ class _Example:
     """One ground-truth episode for the supervised phase: the prompt's KV cache and the response, whose reply
     tokens are the targets.
 
-    Why the prompt runs without grad: BFCL prompts are ~6k tokens of tool documentation, the replies a few
-    hundred tokens; backpropagating through the prompt at every step would cost several times more. Its keys
-    and values are recomputed with the current weights every step (exact forward), only the gradient does not
-    flow back through them.
+    Why most of the prompt runs without grad: BFCL prompts are ~3-6k tokens of tool documentation, the replies
+    a few hundred tokens; backpropagating through the prompt at every step would cost several times more. Its
+    keys and values are recomputed with the current weights every step (exact forward), only the gradient does
+    not flow back through them. Its last `GRAD_PROMPT_TOKENS` (the user's request and the assistant header)
+    run with grad: without them the first reply token's hidden state is a constant of the training step, and
+    whether a task starts with a call or a plain reply could only be learnt by the LM head (measured: that
+    first token stayed at ~3-4 nats while the rest went under 0.5).
     """
 
-    def __init__(self, rollout: Rollout):
+    def __init__(self, rollout: Rollout, grad_prompt_tokens: int = GRAD_PROMPT_TOKENS):
         self.rollout = rollout
-        self.prompt = torch.as_tensor([rollout.prompt_ids], dtype=torch.long)
-        self.response = torch.as_tensor([rollout.response_ids], dtype=torch.long)
-        # response positions j whose token is a reply token; its logits come from position j - 1
-        self.targets = torch.as_tensor([j for j, m in enumerate(rollout.response_mask) if m], dtype=torch.long)
+        cut = max(1, len(rollout.prompt_ids) - grad_prompt_tokens)
+        self.prompt = torch.as_tensor([rollout.prompt_ids[:cut]], dtype=torch.long)
+        # the prompt's tail (the user's request, "<|im_start|>assistant") runs with grad, in front of the response
+        self.tail = len(rollout.prompt_ids) - cut
+        self.response = torch.as_tensor([rollout.prompt_ids[cut:] + list(rollout.response_ids)], dtype=torch.long)
+        # positions j of self.response whose token is a reply token; its logits come from position j - 1
+        self.targets = torch.as_tensor([self.tail + j for j, m in enumerate(rollout.response_mask) if m],
+                                       dtype=torch.long)
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.last_hidden: torch.Tensor | None = None
 
@@ -186,7 +194,7 @@ class _Example:
 
 
 def supervised_phase(model: Any, rollouts: Sequence[Rollout], steps: int, lr: float, target_prob: float,
-                     seed: int = 0) -> dict[str, Any]:
+                     seed: int = 0, schedule: str = "cosine") -> dict[str, Any]:
     """AdamW (cosine-decayed lr) on the reply tokens' mean negative log-likelihood until mean p(ground truth)
     >= target_prob.
 
@@ -197,8 +205,10 @@ def supervised_phase(model: Any, rollouts: Sequence[Rollout], steps: int, lr: fl
     examples = [_Example(r) for r in rollouts]
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    # cosine decay over the step budget: large steps first, small ones to settle on the exact tokens
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 0.5 * (1.0 + math.cos(math.pi * min(k, steps) / steps)))
+    if schedule == "cosine":  # decays to 0 at max_steps
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 0.5 * (1.0 + math.cos(math.pi * min(k, steps) / steps)))
+    else:
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1.0)
     total = sum(len(e.targets) for e in examples)
     model.train()
     for step in range(steps + 1):
