@@ -9,12 +9,13 @@ succeeds:
    `<tool_call>` per step, a plain reply ends each turn). The rollout holds the exact token sequence a
    training episode would have (prompt, replies, observations), here without the `max_response_length` cut:
    the reward grades the whole episode, so the replies past the cut must be learnt too.
-2. Supervised steps (AdamW, all tasks every step, no gradient through the long prompts) raise the
-   log-likelihood of the reply tokens only (observation tokens are context). Before every update it
-   measures, per task, the probability that sampling at temperature 1 reproduces the whole ground-truth
-   episode, p = exp(sum of reply-token log-probs), and stops once the mean p reaches `target_prob` (or
-   after `max_steps`): a policy that succeeds some of the time, which is what gives GRPO groups mixed
-   rewards. p is a lower bound of the success rate (other replies can pass too: any plain text ends a turn).
+2. Supervised steps (AdamW, all tasks every step, no gradient through the long prompts but their last
+   `GRAD_PROMPT_TOKENS`) raise the log-likelihood of the reply tokens only (observation tokens are
+   context). Before every update it measures, per task, the probability that sampling at temperature 1
+   reproduces the whole ground-truth episode, p = exp(sum of reply-token log-probs), and stops once the
+   mean p reaches `target_prob` (or after `max_steps`): a policy that succeeds some of the time, which is
+   what gives GRPO groups mixed rewards. p is a lower bound of the success rate (other replies can pass
+   too: any plain text ends a turn).
 3. The model is saved to `model.warm_start.path` with `warm_start.json` (the inputs it was built from and
    the per-task p); a later run with the same inputs loads it instead of rebuilding.
 
@@ -195,8 +196,8 @@ class _Example:
 
 def supervised_phase(model: Any, rollouts: Sequence[Rollout], steps: int, lr: float, target_prob: float,
                      seed: int = 0, schedule: str = "cosine") -> dict[str, Any]:
-    """AdamW (cosine-decayed lr) on the reply tokens' mean negative log-likelihood until mean p(ground truth)
-    >= target_prob.
+    """AdamW (lr cosine-decayed over `steps`, or constant) on the reply tokens' mean negative log-likelihood
+    until mean p(ground truth) >= target_prob.
 
     p per task = exp(sum of its reply-token log-probs), measured on the model before each update. Returns the
     updates taken, the loss and the per-task p of the model as returned.
@@ -205,10 +206,11 @@ def supervised_phase(model: Any, rollouts: Sequence[Rollout], steps: int, lr: fl
     examples = [_Example(r) for r in rollouts]
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    if schedule == "cosine":  # decays to 0 at max_steps
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 0.5 * (1.0 + math.cos(math.pi * min(k, steps) / steps)))
-    else:
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1.0)
+
+    def factor(k: int) -> float:  # cosine: large steps first, small ones to settle on the exact tokens
+        return 0.5 * (1.0 + math.cos(math.pi * min(k, steps) / steps)) if schedule == "cosine" else 1.0
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
     total = sum(len(e.targets) for e in examples)
     model.train()
     for step in range(steps + 1):
