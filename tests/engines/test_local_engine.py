@@ -86,7 +86,7 @@ def _update_once(tiny, rewards: tuple[float, float]):
     model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
     ref = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval().requires_grad_(False)
     cfg = C.load_config(REPO / "exp" / "tiny_cpu.yaml", ["actor.lr=0.01", "actor.weight_decay=0",
-                                                           "actor.ppo_mini_batch_size=4"])
+                                                           "data.train_batch_size=4", "actor.ppo_mini_batch_size=4"])
     first, second = _rollout(tok, rewards[0], "The sum is 5."), _rollout(tok, rewards[1], "I refuse.")
     data = rollouts_to_dataproto([first, second, first, second], PAD_TOKEN_ID)
     compute_grpo_advantages(data)
