@@ -34,6 +34,7 @@ LOGGERS = ("console", "jsonl", "wandb")
 TRAINER_DEVICES = ("cuda", "cpu")
 # verl engine: what of the FSDP actor lives in host memory between uses (docs/verl_engine.md, memory table).
 ACTOR_OFFLOADS = ("none", "optimizer", "all")
+WARM_START_SCHEDULES = ("constant", "cosine")
 # verl.trainer.ppo.core_algos.kl_penalty / agg_loss accept these.
 KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -67,7 +68,9 @@ class WarmStartConfig:
                              "replies (seal/engines/local/warm_start.py); the result is cached at path")
     path: str = knob("runs/_models/tiny_qwen2_warm", source="ours", help="where the warm-started model is kept")
     max_steps: int = knob(300, source="ours", ge=0, help="most supervised steps (each over every training task)")
-    lr: float = knob(1.0e-2, source="ours", gt=0, help="peak AdamW lr of the supervised phase (cosine decay)")
+    lr: float = knob(1.0e-2, source="ours", gt=0, help="AdamW lr of the supervised phase (no weight decay)")
+    lr_schedule: str = knob("cosine", source="ours", choices=WARM_START_SCHEDULES,
+                            help="constant lr, or cosine decay to 0 over max_steps")
     target_prob: float = knob(0.3, source="ours", gt=0, le=1,
                               help="stop once sampling reproduces a ground-truth episode with this mean probability")
 

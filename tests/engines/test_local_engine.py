@@ -86,7 +86,7 @@ def _update_once(tiny, rewards: tuple[float, float]):
     model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
     ref = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval().requires_grad_(False)
     cfg = C.load_config(REPO / "exp" / "tiny_cpu.yaml", ["actor.lr=0.01", "actor.weight_decay=0",
-                                                           "actor.ppo_mini_batch_size=4"])
+                                                           "data.train_batch_size=4", "actor.ppo_mini_batch_size=4"])
     first, second = _rollout(tok, rewards[0], "The sum is 5."), _rollout(tok, rewards[1], "I refuse.")
     data = rollouts_to_dataproto([first, second, first, second], PAD_TOKEN_ID)
     compute_grpo_advantages(data)
@@ -146,7 +146,8 @@ def _resume_cfg(tmp_path: Path, tiny: Path, url: str):
             for t in TASKS]
     pd.DataFrame(rows).to_parquet(tmp_path / "tasks.parquet")
     return C.load_config(REPO / "exp" / "tiny_cpu.yaml", [
-        f"model.path={tiny}", "model.build_tiny=false", f"env.urls=[{url}]", f"run_root={tmp_path}",
+        f"model.path={tiny}", "model.build_tiny=false", "model.warm_start.enable=false", f"env.urls=[{url}]",
+        f"run_root={tmp_path}", "data.train_task_ids=null", "data.val_task_ids=null", "rollout.n=2",
         f"data.train_files={tmp_path / 'tasks.parquet'}", f"data.val_files={tmp_path / 'tasks.parquet'}",
         "data.max_train_tasks=null", "data.max_val_tasks=null", "data.train_batch_size=2",
         "data.max_response_length=512", "actor.ppo_mini_batch_size=1", "actor.use_kl_loss=false",

@@ -196,6 +196,7 @@ def training_step(run: LocalRun, step: int) -> dict[str, float]:
         compute_grpo_advantages(data, cfg.algorithm.norm_adv_by_std_in_grpo)
         metrics |= controller.reweight(data, step)
         metrics["train/advantage_abs_mean"] = advantage_abs_mean(data)
+        metrics["train/mixed_group_frac"] = mixed_group_frac(kept)
         metrics |= ppo_update(run.model, run.ref_model, run.optimizer, data, cfg, run.device, run.autocast_dtype)
         metrics["timing/update"] = time.perf_counter() - t0
     else:
@@ -289,6 +290,14 @@ def rollout_metrics(rollouts: Sequence[Rollout], prefix: str = "rollout/") -> di
     for reason, count in Counter(r.stop_reason for r in rollouts).items():
         out[f"{prefix}stop/{reason}"] = float(count)
     return out
+
+
+def mixed_group_frac(rollouts: Sequence[Rollout]) -> float:
+    """Share of the GRPO groups (a task's rollouts) whose rewards differ: only they carry a learning signal."""
+    groups: dict[str, set[float]] = {}
+    for r in rollouts:
+        groups.setdefault(r.task_id, set()).add(float(r.reward))
+    return sum(len(v) > 1 for v in groups.values()) / len(groups) if groups else 0.0
 
 
 def advantage_abs_mean(data: Any) -> float:

@@ -9,12 +9,13 @@ succeeds:
    `<tool_call>` per step, a plain reply ends each turn). The rollout holds the exact token sequence a
    training episode would have (prompt, replies, observations), here without the `max_response_length` cut:
    the reward grades the whole episode, so the replies past the cut must be learnt too.
-2. Supervised steps (AdamW, all tasks every step, no gradient through the long prompts) raise the
-   log-likelihood of the reply tokens only (observation tokens are context). Before every update it
-   measures, per task, the probability that sampling at temperature 1 reproduces the whole ground-truth
-   episode, p = exp(sum of reply-token log-probs), and stops once the mean p reaches `target_prob` (or
-   after `max_steps`): a policy that succeeds some of the time, which is what gives GRPO groups mixed
-   rewards. p is a lower bound of the success rate (other replies can pass too: any plain text ends a turn).
+2. Supervised steps (AdamW, all tasks every step, no gradient through the long prompts but their last
+   `GRAD_PROMPT_TOKENS`) raise the log-likelihood of the reply tokens only (observation tokens are
+   context). Before every update it measures, per task, the probability that sampling at temperature 1
+   reproduces the whole ground-truth episode, p = exp(sum of reply-token log-probs), and stops once the
+   mean p reaches `target_prob` (or after `max_steps`): a policy that succeeds some of the time, which is
+   what gives GRPO groups mixed rewards. p is a lower bound of the success rate (other replies can pass
+   too: any plain text ends a turn).
 3. The model is saved to `model.warm_start.path` with `warm_start.json` (the inputs it was built from and
    the per-task p); a later run with the same inputs loads it instead of rebuilding.
 
@@ -45,6 +46,7 @@ from seal.rollout.types import Generation, Rollout, RolloutLimits, SamplingParam
 log = logging.getLogger("seal.engines.local.warm_start")
 
 INFO_FILE = "warm_start.json"
+GRAD_PROMPT_TOKENS = 256  # the prompt's tail that the supervised phase backpropagates through (_Example)
 
 
 def build_warm_start(cfg: C.Recipe, base_path: Path, tasks: Sequence[Task]) -> Path:
@@ -65,7 +67,7 @@ def build_warm_start(cfg: C.Recipe, base_path: Path, tasks: Sequence[Task]) -> P
     log.info("warm start: supervised phase on %d ground-truth episodes (%d reply tokens)", len(rollouts),
              sum(sum(r.response_mask) for r in rollouts))
     summary = supervised_phase(model, rollouts, steps=ws.max_steps, lr=ws.lr, target_prob=ws.target_prob,
-                               seed=cfg.seed)
+                               seed=cfg.seed, schedule=ws.lr_schedule)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
@@ -149,18 +151,25 @@ class _Example:
     """One ground-truth episode for the supervised phase: the prompt's KV cache and the response, whose reply
     tokens are the targets.
 
-    Why the prompt runs without grad: BFCL prompts are ~6k tokens of tool documentation, the replies a few
-    hundred tokens; backpropagating through the prompt at every step would cost several times more. Its keys
-    and values are recomputed with the current weights every step (exact forward), only the gradient does not
-    flow back through them.
+    Why most of the prompt runs without grad: BFCL prompts are ~3-6k tokens of tool documentation, the replies
+    a few hundred tokens; backpropagating through the prompt at every step would cost several times more. Its
+    keys and values are recomputed with the current weights every step (exact forward), only the gradient does
+    not flow back through them. Its last `GRAD_PROMPT_TOKENS` (the user's request and the assistant header)
+    run with grad: without them the first reply token's hidden state is a constant of the training step, and
+    whether a task starts with a call or a plain reply could only be learnt by the LM head (measured: that
+    first token stayed at ~3-4 nats while the rest went under 0.5).
     """
 
-    def __init__(self, rollout: Rollout):
+    def __init__(self, rollout: Rollout, grad_prompt_tokens: int = GRAD_PROMPT_TOKENS):
         self.rollout = rollout
-        self.prompt = torch.as_tensor([rollout.prompt_ids], dtype=torch.long)
-        self.response = torch.as_tensor([rollout.response_ids], dtype=torch.long)
-        # response positions j whose token is a reply token; its logits come from position j - 1
-        self.targets = torch.as_tensor([j for j, m in enumerate(rollout.response_mask) if m], dtype=torch.long)
+        cut = max(1, len(rollout.prompt_ids) - grad_prompt_tokens)
+        self.prompt = torch.as_tensor([rollout.prompt_ids[:cut]], dtype=torch.long)
+        # the prompt's tail (the user's request, "<|im_start|>assistant") runs with grad, in front of the response
+        self.tail = len(rollout.prompt_ids) - cut
+        self.response = torch.as_tensor([rollout.prompt_ids[cut:] + list(rollout.response_ids)], dtype=torch.long)
+        # positions j of self.response whose token is a reply token; its logits come from position j - 1
+        self.targets = torch.as_tensor([self.tail + j for j, m in enumerate(rollout.response_mask) if m],
+                                       dtype=torch.long)
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.last_hidden: torch.Tensor | None = None
 
@@ -186,9 +195,9 @@ class _Example:
 
 
 def supervised_phase(model: Any, rollouts: Sequence[Rollout], steps: int, lr: float, target_prob: float,
-                     seed: int = 0) -> dict[str, Any]:
-    """AdamW (cosine-decayed lr) on the reply tokens' mean negative log-likelihood until mean p(ground truth)
-    >= target_prob.
+                     seed: int = 0, schedule: str = "cosine") -> dict[str, Any]:
+    """AdamW (lr cosine-decayed over `steps`, or constant) on the reply tokens' mean negative log-likelihood
+    until mean p(ground truth) >= target_prob.
 
     p per task = exp(sum of its reply-token log-probs), measured on the model before each update. Returns the
     updates taken, the loss and the per-task p of the model as returned.
@@ -197,8 +206,11 @@ def supervised_phase(model: Any, rollouts: Sequence[Rollout], steps: int, lr: fl
     examples = [_Example(r) for r in rollouts]
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    # cosine decay over the step budget: large steps first, small ones to settle on the exact tokens
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 0.5 * (1.0 + math.cos(math.pi * min(k, steps) / steps)))
+
+    def factor(k: int) -> float:  # cosine: large steps first, small ones to settle on the exact tokens
+        return 0.5 * (1.0 + math.cos(math.pi * min(k, steps) / steps)) if schedule == "cosine" else 1.0
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
     total = sum(len(e.targets) for e in examples)
     model.train()
     for step in range(steps + 1):
