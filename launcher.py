@@ -112,13 +112,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"launcher: {exc.args[0]}", file=sys.stderr)
                 return 2
             print("# ---- the resolved verl config (seal.engines.verl.config.to_verl_config) ----")
+            from seal.engines.data import wants_subset
             from seal.run_dir import RunDir
 
-            subsets = {"train": cfg.data.max_train_tasks is not None or cfg.data.train_task_ids,
-                       "val": cfg.data.max_val_tasks is not None or cfg.data.val_task_ids}
-            for split in (s for s, on in subsets.items() if on):
-                print(f"# data.{split}_files: the run writes its task subset to "
-                      f"{RunDir(Path(run_dir(cfg)).resolve()).subset_file(split)} and verl reads that file")
+            run = RunDir(Path(run_dir(cfg)).resolve())
+            d = cfg.data
+            splits = (("train", d.max_train_tasks, d.train_task_ids), ("val", d.max_val_tasks, d.val_task_ids))
+            for split, n, ids in splits:
+                if wants_subset(n, ids):
+                    print(f"# data.{split}_files: the run writes its task subset to {run.subset_file(split)} "
+                          "and verl reads that file")
             print(OmegaConf.to_yaml(verl_cfg), end="")
         return 0
     from seal.rollout.client import export_token

@@ -75,6 +75,11 @@ def split_tasks(frame: Any, path: str | os.PathLike[str]) -> list[Task]:
     return [_row_task(row, Path(path)) for _, row in frame.iterrows()]
 
 
+def wants_subset(n: int | None, ids: Sequence[str] | None) -> bool:
+    """Whether `data.max_*_tasks` (`n`) or `data.*_task_ids` (`ids`) ask for a subset of a split."""
+    return n is not None or bool(ids)
+
+
 def subset_rows(tasks: Sequence[Task], n: int | None = None, ids: Sequence[str] | None = None) -> list[int]:
     """Row indices of a split's subset: the tasks named by `ids` (in that order), else the round-robin
     rule; `n` caps the count either way."""

@@ -28,7 +28,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from seal import recipe as C
-from seal.engines.data import write_subset
+from seal.engines.data import wants_subset, write_subset
 from seal.engines.verl.config import to_verl_config
 from seal.run_dir import RunDir
 
@@ -110,10 +110,10 @@ def build_verl_config(cfg: C.Recipe, run_dir: str | os.PathLike[str],
     """The verl config of a run: subsets written under `run_dir/data`, Ray settings for our plugin."""
     run = RunDir(Path(run_dir).resolve())
     data = cfg.data
-    if data.max_train_tasks is not None or data.train_task_ids:
+    if wants_subset(data.max_train_tasks, data.train_task_ids):
         data = replace(data, train_files=write_subset(_abs(data.train_files), data.max_train_tasks,
                                                       run.subset_file("train"), data.train_task_ids))
-    if data.max_val_tasks is not None or data.val_task_ids:
+    if wants_subset(data.max_val_tasks, data.val_task_ids):
         data = replace(data, val_files=write_subset(_abs(data.val_files), data.max_val_tasks,
                                                     run.subset_file("val"), data.val_task_ids))
     cfg = replace(cfg, data=data, model=replace(cfg.model, path=model_path(cfg)))
