@@ -111,6 +111,30 @@ def test_ppo_update_moves_probability_towards_the_better_response(tiny):
     assert {"actor/pg_clipfrac", "actor/ppo_kl", "actor/lr", "actor/kl_coef"} <= set(metrics)
 
 
+def test_response_logprobs_on_masked_tokens_equal_the_full_logits(tiny, monkeypatch):
+    # The LM head runs on the sampled tokens only (the model's own head for unlisted families): same
+    # log-probs and entropies as log-softmax over the model's full logits, zero on observation tokens.
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(10, 5000, (2, 40), generator=g)
+    attn, pos = torch.ones_like(ids), torch.arange(40).expand(2, 40)
+    mask = torch.zeros(2, 12, dtype=torch.long)
+    mask[0, :5], mask[1, 3:9], mask[1, 11] = 1, 1, 1  # a reply, an observation, a reply
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, -13:-1].float() / 0.7
+        full = torch.log_softmax(logits, -1).gather(-1, ids[:, -12:].unsqueeze(-1)).squeeze(-1)
+        ent = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
+        for plain in (True, False):
+            if not plain:
+                monkeypatch.setattr(E, "_PLAIN_LM_HEAD", frozenset())
+            logp, h = E.response_logprobs(model, ids, attn, pos, 12, 0.7, with_entropy=True, response_mask=mask)
+            torch.testing.assert_close(logp, full * mask, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(h, ent * mask, rtol=1e-4, atol=1e-4)
+            assert (logp[mask == 0] == 0).all() and (logp[mask == 1] < 0).all()
+
+
 # --------------------------------------------------------------------------- exact resume
 class ScriptedPolicy:
     """Deterministic `generate`: replays the task's ground truth when the episode seed is even (the

@@ -460,28 +460,46 @@ class _LossConfig:
         return getattr(self, key, default)
 
 
+# Families whose CausalLM logits are exactly `lm_head(final hidden state)` (no logit scaling or soft-capping):
+# for them `response_logprobs` runs the LM head on the sampled tokens only.
+_PLAIN_LM_HEAD = frozenset({"qwen2", "qwen3", "llama", "mistral"})
+
+
 def response_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                      response_len: int, temperature: float = 1.0, with_entropy: bool = False
-                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      response_len: int, temperature: float = 1.0, with_entropy: bool = False,
+                      response_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities of the last `response_len` tokens of each row under `model`.
 
-    Args: input_ids / attention_mask / position_ids `[b, P + R]` (R = response_len).
-    Returns `[b, R]` log-probs (and `[b, R]` entropies when asked). Logits are divided by the
-    sampling temperature first, as verl does. Only the R+1 last positions go through the LM head
-    (BFCL prompts are ~6k tokens; a full-vocabulary head over them would dominate memory).
+    Args: input_ids / attention_mask / position_ids `[b, P + R]` (R = response_len); response_mask `[b, R]`
+    (1 on the tokens the model sampled) or None (every response token).
+    Returns `[b, R]` log-probs (and `[b, R]` entropies when asked), 0 where response_mask is 0. Logits are
+    divided by the sampling temperature first, as verl does.
+
+    Why the LM head runs on the masked tokens only: with a 151,936-token vocabulary it is most of the cost of a
+    small model, and in a BFCL episode most response tokens are tool observations (context, never a target:
+    ~80% of a tiny-recipe episode). The prompt (~3-6k tokens of tool documentation) never goes through it.
     """
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                logits_to_keep=response_len + 1, use_cache=False)
-    logits = out.logits[:, :-1, :].float()
+    targets = input_ids[:, -response_len:]
+    if response_mask is None:
+        response_mask = torch.ones_like(targets)
+    keep = response_mask.bool()
+    if getattr(model.config, "model_type", None) in _PLAIN_LM_HEAD:
+        hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                     use_cache=False).last_hidden_state
+        logits = model.get_output_embeddings()(hidden[:, -response_len - 1:-1][keep]).float()  # [n, V]
+    else:  # the model's own head (scaling, soft-capping) on the R positions that predict the response
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                    logits_to_keep=response_len + 1, use_cache=False)
+        logits = out.logits[:, :-1, :][keep].float()
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
-    targets = input_ids[:, -response_len:]
     lse = torch.logsumexp(logits, dim=-1)
-    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    logp = torch.zeros(targets.shape, dtype=logits.dtype, device=logits.device)
+    logp[keep] = logits.gather(-1, targets[keep].unsqueeze(-1)).squeeze(-1) - lse
     entropy = None
     if with_entropy:
-        probs = torch.softmax(logits, dim=-1)
-        entropy = lse - (probs * logits).sum(-1)
+        entropy = torch.zeros_like(logp)
+        entropy[keep] = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
     return logp, entropy
 
 
@@ -507,7 +525,9 @@ def batch_logprobs(model: Any, data: Any, micro: int, device: torch.device, temp
         for start in range(0, bsz, micro):
             rows = list(range(start, min(start + micro, bsz)))
             ids, attn, pos, lr, _ = _trimmed(data, rows)
-            logp, _ = response_logprobs(model, ids.to(device), attn.to(device), pos.to(device), lr, temperature)
+            mask = data.batch["response_mask"][rows, :lr].to(device)
+            logp, _ = response_logprobs(model, ids.to(device), attn.to(device), pos.to(device), lr, temperature,
+                                        response_mask=mask)
             out[rows[0]:rows[-1] + 1, :lr] = logp.cpu()
     return out * data.batch["response_mask"]
 
@@ -555,10 +575,11 @@ def ppo_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Optimiz
             for start in range(0, len(mini), micro):
                 rows = mini[start:start + micro]
                 ids, attn, pos, lr, _ = _trimmed(data, rows)
+                m = mask[rows, :lr].to(device)
                 with _autocast(device, autocast_dtype):
                     logp, entropy = response_logprobs(model, ids.to(device), attn.to(device), pos.to(device), lr,
-                                                      temperature, with_entropy=actor.entropy_coeff != 0.0)
-                m = mask[rows, :lr].to(device)
+                                                      temperature, with_entropy=actor.entropy_coeff != 0.0,
+                                                      response_mask=m)
                 pg_loss, pg_metrics = compute_policy_loss_vanilla(
                     old_log_prob=old_logp[rows, :lr].to(device), log_prob=logp,
                     advantages=advantages[rows, :lr].to(device), response_mask=m, loss_agg_mode=mode,
