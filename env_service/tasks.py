@@ -154,11 +154,16 @@ def split_ids(split: str, path: str | None = None) -> list[str]:
 TURN_END_REPLY = "Done."  # a plain reply: ends the turn in a replay
 
 
-def ground_truth_replies(task_id: str) -> list[str]:
-    """Assistant messages replaying the ground truth: one ``<tool_call>`` per step, a plain reply per turn."""
+def ground_truth_replies(task_id: str, skip_turn: int | None = None) -> list[str]:
+    """Assistant messages replaying the ground truth: one ``<tool_call>`` per step, a plain reply per turn.
+
+    `skip_turn`: that turn (0-based) is answered with the plain reply alone, its calls left out (a replay
+    that fails the turn's state and response checks).
+    """
     texts: list[str] = []
-    for turn in ground_truth_tool_calls(task_id):
-        texts += [format_tool_call(call["name"], call["arguments"]) for call in turn]
+    for i, turn in enumerate(ground_truth_tool_calls(task_id)):
+        if i != skip_turn:
+            texts += [format_tool_call(call["name"], call["arguments"]) for call in turn]
         texts.append(TURN_END_REPLY)
     return texts
 

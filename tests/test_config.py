@@ -150,10 +150,11 @@ def test_backbone_variants_change_only_the_model(variant, base, model):
 def test_tiny_cpu_is_the_embedded_default():
     cfg = C.load_config(None)
     assert cfg.experiment_name == "tiny_cpu" and cfg.engine == "local" and cfg.model.build_tiny
-    assert cfg.model.warm_start.enable and cfg.rollout.n == 8 and cfg.data.max_val_tasks == 4
+    assert cfg.model.warm_start.enable and cfg.model.warm_start.failing_twin
+    assert cfg.rollout.n == 8 and cfg.data.max_val_tasks == 4
     assert cfg.data.train_task_ids == ["multi_turn_base_100", "multi_turn_miss_param_100"]
     assert cfg.data.train_batch_size == 2 and cfg.rollout.deterministic_generation
-    assert C.total_training_steps(cfg, 2) == 3 and cfg.trainer.val_before_train
+    assert C.total_training_steps(cfg, 2) == 8 and cfg.trainer.val_before_train
 
 
 def test_overrides_keep_explicit_zeros_and_parse_values():

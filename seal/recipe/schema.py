@@ -71,8 +71,13 @@ class WarmStartConfig:
     lr: float = knob(1.0e-2, source="ours", gt=0, help="AdamW lr of the supervised phase (no weight decay)")
     lr_schedule: str = knob("cosine", source="ours", choices=WARM_START_SCHEDULES,
                             help="constant lr, or cosine decay to 0 over max_steps")
+    failing_twin: bool = knob(False, source="ours",
+                              help="also learn each task's failing twin (the last calling turn answered without "
+                                   "its calls): the policy starts at a coin flip between success and a graded "
+                                   "failure")
     target_prob: float = knob(0.3, source="ours", gt=0, le=1,
-                              help="stop once sampling reproduces a ground-truth episode with this mean probability")
+                              help="stop once sampling reproduces a learnt episode (the ground truth, or its "
+                                   "twin) with this mean probability per task")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The embedded default's learning signal (exp/tiny_cpu.yaml, seal/engines/local/warm_start.py), against a real
-env service: the ground-truth episodes as training plays them, a warm start that reaches its target
-probability, its cache, and a GRPO step of the default recipe whose groups mix rewards, so that advantages,
-the policy loss and the gradient are non-zero and A-Patch scales them.
+env service: the ground-truth episodes and their failing twins as training plays them, a warm start that
+reaches its target, its cache, and a GRPO step of the default recipe whose groups mix rewards, so that
+advantages, the policy loss and the gradient are non-zero, A-Patch scales them, and the update raises the
+probability of each task's ground truth.
 
 Same code path, tasks and knobs as `python launcher.py` (the default recipe), with the tiny model, the warm
 start and the run inside tmp_path, one training step and no validation (what the test guards is the step)."""
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from env_service.tasks import TURN_END_REPLY, ground_truth_replies, ground_truth_tool_calls
 from seal import recipe as C
 from seal.engines.data import load_tasks
 from seal.engines.local import engine as E
@@ -28,32 +30,56 @@ def _cfg(tmp_path: Path, url: str, *extra: str):
         "trainer.test_freq=0", "trainer.save_freq=0", *extra])
 
 
+def test_the_failing_twin_leaves_out_the_last_calling_turn():
+    # multi_turn_miss_param_100: turn 0 must not call a tool; turns 1 and 3 call one each.
+    turns = ground_truth_tool_calls("multi_turn_miss_param_100")
+    last = max(i for i, t in enumerate(turns) if t)
+    gt, twin = ground_truth_replies("multi_turn_miss_param_100"), W.failing_twin_replies("multi_turn_miss_param_100")
+    assert len(twin) == len(gt) - len(turns[last]) and twin.count(TURN_END_REPLY) == len(turns)
+    calls = [r for r in gt if r.startswith("<tool_call>")]
+    assert [r for r in twin if r.startswith("<tool_call>")] == calls[:-len(turns[last])]
+    assert twin[-2:] == [TURN_END_REPLY, TURN_END_REPLY]  # the last turn (it calls) ends at once
+    assert W.failing_twin_replies("multi_turn_base_100") == gt[:0] + ground_truth_replies("multi_turn_base_100",
+                                                                                         skip_turn=1)
+
+
 @pytest.mark.slow
 def test_the_default_recipe_has_a_learning_signal(tmp_path, service_url):
-    from transformers import AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     cfg = _cfg(tmp_path, service_url)
-    assert cfg.model.warm_start.enable and cfg.rollout.deterministic_generation  # the default, reproducible
+    assert cfg.model.warm_start.enable and cfg.model.warm_start.failing_twin  # the default
+    assert cfg.rollout.deterministic_generation  # reproducible
     tasks = load_tasks(cfg.data.train_files, cfg.data.max_train_tasks, cfg.data.train_task_ids)
     base = E.prepare_model_path(cfg)
     tok = AutoTokenizer.from_pretrained(base)
 
-    # The replayed ground truth is a passing training episode; only the model's own tokens are targets.
-    gts = W.ground_truth_rollouts(cfg, tok, tasks)
-    assert [r.task_id for r in gts] == list(cfg.data.train_task_ids)
-    for gt in gts:
-        assert gt.accuracy == 1.0 and gt.mode == "train" and not gt.truncated
+    # Each task's replayed ground truth passes and its twin fails, graded, in the same context: they share the
+    # prompt, and only the model's own tokens are targets.
+    episodes = W.warm_start_episodes(cfg, tok, tasks)
+    gts = [r for r in episodes if r.accuracy == 1.0]
+    twins = [r for r in episodes if r.accuracy == 0.0]
+    assert [r.task_id for r in gts] == [r.task_id for r in twins] == list(cfg.data.train_task_ids)
+    for gt, twin in zip(gts, twins, strict=True):
+        assert gt.mode == twin.mode == "train" and not gt.truncated and not twin.truncated and not twin.excluded
+        assert twin.prompt_ids == gt.prompt_ids and sum(twin.response_mask) < sum(gt.response_mask)
         assert 0 < sum(gt.response_mask) < len(gt.response_ids)  # observations are context, not targets
+        assert twin.failure_tags[-1] != "pass", twin.failure_tags  # (here the last calling turn is the last turn)
 
-    # The warm start reaches its target before its step budget (cosine lr, the prompt's tail with grad).
+    # The warm start reaches its target before its step budget; the decision is open both ways.
     warm = W.build_warm_start(cfg, base, tasks)
     info = json.loads((warm / W.INFO_FILE).read_text())
     assert info["tasks"] == list(cfg.data.train_task_ids)
-    assert info["steps"] < cfg.model.warm_start.max_steps and info["mean_prob"] >= cfg.model.warm_start.target_prob
-    assert all(p > 0.1 for p in info["prob"].values()), info["prob"]  # each task, not only on average
+    assert info["steps"] < cfg.model.warm_start.max_steps and info["mean_mass"] >= cfg.model.warm_start.target_prob
+    for task in cfg.data.train_task_ids:
+        assert 0.2 < info["prob"][task] < 0.8 and 0.2 < info["twin_prob"][task] < 0.8, info
     mtime = (warm / "model.safetensors").stat().st_mtime
     assert W.build_warm_start(cfg, base, tasks) == warm and (warm / "model.safetensors").stat().st_mtime == mtime
     assert W.cache_key(_cfg(tmp_path, service_url, "model.warm_start.lr=0.02"), base, tasks) != info["key"]
+    assert W.cache_key(_cfg(tmp_path, service_url, "model.warm_start.failing_twin=false"), base, tasks) != info["key"]
+    model = AutoModelForCausalLM.from_pretrained(warm)
+    before = W.episode_probs(model, gts)
+    assert before == pytest.approx(list(info["prob"].values()), rel=1e-4)
 
     # One GRPO step of the default recipe from the (cached) warm start.
     out = E.train(cfg, tmp_path / "run")
@@ -65,3 +91,7 @@ def test_the_default_recipe_has_a_learning_signal(tmp_path, service_url):
     assert row["apatch/scaled_count"] > 0
     assert row["apatch/min_scale"] != 1.0 or row["apatch/max_scale"] != 1.0, row  # A-Patch scaled advantages
     assert out["last_step"] == 1
+
+    # The update learnt: each task's ground truth is more likely afterwards (measured: +0.15 to +0.20).
+    after = W.episode_probs(AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "checkpoints" / "step_1"), gts)
+    assert all(a > b + 0.05 for a, b in zip(after, before, strict=True)), (before, after)
