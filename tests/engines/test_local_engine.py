@@ -129,7 +129,7 @@ def test_response_logprobs_on_masked_tokens_equal_the_full_logits(tiny, monkeypa
         for plain in (True, False):
             if not plain:
                 monkeypatch.setattr(E, "_PLAIN_LM_HEAD", frozenset())
-            logp, h = E.response_logprobs(model, ids, attn, pos, 12, 0.7, with_entropy=True, response_mask=mask)
+            logp, h = E.response_logprobs(model, ids, attn, pos, mask, 0.7, with_entropy=True)
             torch.testing.assert_close(logp, full * mask, rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(h, ent * mask, rtol=1e-4, atol=1e-4)
             assert (logp[mask == 0] == 0).all() and (logp[mask == 1] < 0).all()

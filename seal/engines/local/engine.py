@@ -466,12 +466,12 @@ _PLAIN_LM_HEAD = frozenset({"qwen2", "qwen3", "llama", "mistral"})
 
 
 def response_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                      response_len: int, temperature: float = 1.0, with_entropy: bool = False,
-                      response_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probabilities of the last `response_len` tokens of each row under `model`.
+                      response_mask: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False
+                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probabilities of the sampled tokens among the last R of each row under `model`.
 
-    Args: input_ids / attention_mask / position_ids `[b, P + R]` (R = response_len); response_mask `[b, R]`
-    (1 on the tokens the model sampled) or None (every response token).
+    Args: input_ids / attention_mask / position_ids `[b, P + R]`; response_mask `[b, R]` (1 on the tokens the
+    model sampled, 0 on observations and padding).
     Returns `[b, R]` log-probs (and `[b, R]` entropies when asked), 0 where response_mask is 0. Logits are
     divided by the sampling temperature first, as verl does.
 
@@ -479,9 +479,8 @@ def response_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch
     small model, and in a BFCL episode most response tokens are tool observations (context, never a target:
     ~80% of a tiny-recipe episode). The prompt (~3-6k tokens of tool documentation) never goes through it.
     """
+    response_len = response_mask.shape[1]
     targets = input_ids[:, -response_len:]
-    if response_mask is None:
-        response_mask = torch.ones_like(targets)
     keep = response_mask.bool()
     if getattr(model.config, "model_type", None) in _PLAIN_LM_HEAD:
         hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
@@ -518,7 +517,7 @@ def _trimmed(data: Any, rows: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor
 
 def batch_logprobs(model: Any, data: Any, micro: int, device: torch.device, temperature: float,
                    autocast_dtype: torch.dtype | None) -> torch.Tensor:
-    """`[B, R]` log-probs of every response token (no grad; zero on padding)."""
+    """`[B, R]` log-probs of every sampled response token (no grad; zero on observations and padding)."""
     bsz, resp_len = data.batch["responses"].shape
     out = torch.zeros((bsz, resp_len), dtype=torch.float32)
     with torch.no_grad(), _autocast(device, autocast_dtype):
@@ -526,10 +525,9 @@ def batch_logprobs(model: Any, data: Any, micro: int, device: torch.device, temp
             rows = list(range(start, min(start + micro, bsz)))
             ids, attn, pos, lr, _ = _trimmed(data, rows)
             mask = data.batch["response_mask"][rows, :lr].to(device)
-            logp, _ = response_logprobs(model, ids.to(device), attn.to(device), pos.to(device), lr, temperature,
-                                        response_mask=mask)
+            logp, _ = response_logprobs(model, ids.to(device), attn.to(device), pos.to(device), mask, temperature)
             out[rows[0]:rows[-1] + 1, :lr] = logp.cpu()
-    return out * data.batch["response_mask"]
+    return out
 
 
 def ppo_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Optimizer, data: Any, cfg: C.Recipe,
@@ -577,9 +575,8 @@ def ppo_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Optimiz
                 ids, attn, pos, lr, _ = _trimmed(data, rows)
                 m = mask[rows, :lr].to(device)
                 with _autocast(device, autocast_dtype):
-                    logp, entropy = response_logprobs(model, ids.to(device), attn.to(device), pos.to(device), lr,
-                                                      temperature, with_entropy=actor.entropy_coeff != 0.0,
-                                                      response_mask=m)
+                    logp, entropy = response_logprobs(model, ids.to(device), attn.to(device), pos.to(device), m,
+                                                      temperature, with_entropy=actor.entropy_coeff != 0.0)
                 pg_loss, pg_metrics = compute_policy_loss_vanilla(
                     old_log_prob=old_logp[rows, :lr].to(device), log_prob=logp,
                     advantages=advantages[rows, :lr].to(device), response_mask=m, loss_agg_mode=mode,
