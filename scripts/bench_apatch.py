@@ -19,9 +19,11 @@ from verl import DataProto
 
 from env_service.vocab import VOCABULARIES
 from seal.core.apatch import APatchConfig, apply_apatch
-from seal.core.capability import CapabilityState, TrajectoryRecord
+from seal.core.capability import CapabilityState
 from seal.core.evolve import EvolveConfig, evolve, initial_interface
 from seal.core.profile import failure_profile
+from seal.core.record import EpisodeRecord
+from seal.core.weights import reply_field
 
 BUDGET_MS = 5.0
 
@@ -49,7 +51,8 @@ def main() -> int:
     n, length = args.trajectories, args.response_len
     tag_rows = [[rng.choice(tags_pool) for _ in range(args.turns)] for _ in range(n)]
     records = [
-        TrajectoryRecord(f"multi_turn_base_{i // 8}", tuple(tags), float(rng.random() < 0.3), False)
+        EpisodeRecord(f"multi_turn_base_{i // 8}", reward=float(rng.random() < 0.3), accuracy=0.0,
+                      **{reply_field(args.vocabulary): tags})
         for i, tags in enumerate(tag_rows)
     ]
     column = np.empty(n, dtype=object)

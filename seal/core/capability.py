@@ -36,10 +36,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from env_service.vocab import EXCLUDED_TAGS, PASS, category_of
+from env_service.vocab import EXCLUDED_TAGS, PASS
 from seal.core.config_parsing import apply_release_zero_fallback, config_from_mapping, knob
 from seal.core.profile import BucketStat, FailureProfile, failure_profile
-from seal.core.weights import UNKNOWN_TAG, check_vocabulary, reply_field
+from seal.core.record import EpisodeRecord, check_records
+from seal.core.weights import UNKNOWN_TAG, check_vocabulary
 from seal.core.weights import base_weights as base_weight_table
 from seal.io_utils import write_json_atomic
 
@@ -89,59 +90,10 @@ class DynamicWeightConfig:
         return config_from_mapping(cls, data)
 
 
-@dataclass(frozen=True)
-class TrajectoryRecord:
-    """What the capability state needs from one finished training episode."""
-
-    task_id: str
-    tags: tuple[str, ...]
-    reward: float
-    success: bool
-    category: str = ""  # "" = derived from task_id
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "tags", tuple(self.tags))
-        if not self.category:
-            object.__setattr__(self, "category", category_of(self.task_id))
-
-    @classmethod
-    def from_reply(
-        cls, task_id: str, reply: Mapping[str, Any], vocabulary: str, reward: float | None = None
-    ) -> TrajectoryRecord:
-        """From an env-service ``evaluate`` reply; ``reward`` defaults to the 0/1 verdict."""
-        accuracy = float(reply["accuracy"])
-        tags = reply.get(reply_field(vocabulary)) or ()
-        return cls(
-            task_id=task_id,
-            tags=tuple(tags),
-            reward=accuracy if reward is None else float(reward),
-            success=accuracy >= 1.0,
-        )
-
-
-def _normalise(record: TrajectoryRecord | Mapping[str, Any]) -> tuple[str, str, tuple[str, ...], float, float]:
-    """(task_id, category, tags, reward, success 0/1) from a record or a dict with the same keys.
-
-    A dict needs ``task_id``, ``tags`` and ``reward``; ``category`` defaults to the task id's,
-    ``success`` to ``reward >= 1``.
-    """
-    if isinstance(record, TrajectoryRecord):
-        task_id, category, tags = record.task_id, record.category, record.tags
-        reward, success = float(record.reward), record.success
-    elif isinstance(record, Mapping):
-        try:
-            task_id, tags, reward = str(record["task_id"]), record["tags"], float(record["reward"])
-        except KeyError as exc:
-            raise KeyError(f"capability record needs task_id, tags and reward; missing {exc}") from None
-        category = record.get("category") or category_of(task_id)
-        success = bool(record["success"]) if record.get("success") is not None else reward >= 1.0
-    else:
-        raise TypeError(f"capability record must be a TrajectoryRecord or a mapping, got {type(record).__name__}")
-    if isinstance(tags, str) or not all(isinstance(t, str) for t in tags):
-        raise TypeError(f"task {task_id}: tags must be a list of strings, got {tags!r}")
-    if not math.isfinite(reward):
-        raise ValueError(f"task {task_id}: reward must be finite, got {reward}")
-    return task_id, category, tuple(tags) or (UNKNOWN_TAG,), reward, 1.0 if success else 0.0
+def _observed(record: EpisodeRecord, vocabulary: str) -> tuple[str, str, tuple[str, ...], float, float]:
+    """(task_id, category, tags, reward, success 0/1) of one record; no tag = one ``unknown`` turn."""
+    return (record.task_id, record.category, record.tags(vocabulary) or (UNKNOWN_TAG,), record.reward,
+            1.0 if record.success else 0.0)
 
 
 @lru_cache(maxsize=256)
@@ -247,14 +199,18 @@ class CapabilityState:
         self.last_step: int | None = None
 
     # ------------------------------------------------------------------ observing
-    def observe(self, records: Iterable[TrajectoryRecord | Mapping[str, Any]], step: int | None = None) -> None:
-        """Add finished trajectories to the total and window statistics."""
+    def observe(self, records: Iterable[EpisodeRecord], step: int | None = None) -> None:
+        """Add finished trajectories (their tags of this state's vocabulary) to the total and window statistics.
+
+        Excluded records are the caller's to drop (`SealController.observe` does): every record counts."""
+        records = list(records)
+        check_records(records, "CapabilityState.observe")
         # Trajectories with the same (category, reward, success) contribute identically per occurrence,
         # so their tags are counted together with C-level Counter updates, then merged once.
         groups: dict[tuple[str, float, float], list[Any]] = {}
         total_tasks, window_tasks = self._total["tasks"], self._window["tasks"]
         for record in records:
-            task_id, category, tags, reward, success = _normalise(record)
+            task_id, category, tags, reward, success = _observed(record, self.vocabulary)
             partial = 1.0 if 0.0 < reward < 1.0 else 0.0
             group = groups.get((category, reward, success))
             if group is None:

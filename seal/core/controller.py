@@ -5,13 +5,14 @@ One training step, in order (docs/seal_core.md; both engines, `seal.engines.loca
     controller = SealController(recipe.seal)        # once per run: the recipe's seal.* block (SealConfig)
     omega    = controller.interface("train")        # Ω_t sent with this step's training episodes
     rollouts = <run the episodes; reward = controller.reward_fn(evaluate reply)>
-    m  = controller.observe(rollouts, step)         # C_t: capability state over non-excluded rollouts
+    records  = [r.record() for r in rollouts]       # seal.core.record.EpisodeRecord: all the core reads
+    m  = controller.observe(records, step)          # C_t: capability state over non-excluded episodes
     data = <DataProto + GRPO advantages>
     m |= controller.reweight(data, step)            # dynamic weights (once per step) + A-Patch
     <actor update>
     m |= controller.evolve(step)                    # Ω_{t+1} = evolve(Ω_t, C_t)  (or Ω_0 kept)
     at epoch end: controller.end_epoch()            # new capability window
-    validation:   controller.validation_metrics(val_rollouts)
+    validation:   controller.validation_metrics(val_records)
     checkpoint:   controller.save(ckpt_dir)  ->  ckpt_dir/seal_state.json
 
 Validation episodes never get an interface (`interface("val")` is None; the service refuses one).
@@ -19,21 +20,22 @@ Validation episodes never get an interface (`interface("val")` is None; the serv
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from env_service.vocab import CATEGORIES, category_of
+from env_service.vocab import CATEGORIES
 from seal.core.apatch import apply_apatch
-from seal.core.capability import CapabilityState, TrajectoryRecord
+from seal.core.capability import CapabilityState
 from seal.core.config import SealConfig
 from seal.core.evolve import evolve, initial_interface, interface_metrics, validate_interface
+from seal.core.record import EpisodeRecord, check_records
 from seal.core.reward import compute_reward
-from seal.core.weights import reply_field
 from seal.io_utils import write_json_atomic
 
 if TYPE_CHECKING:
@@ -43,15 +45,9 @@ STATE_FILE = "seal_state.json"
 STATE_FORMAT = 1
 
 
-def _field(item: Any, name: str, default: Any = None) -> Any:
-    """`item.name` for a `Rollout`, `item[name]` for an extras mapping (the verl engine's rows)."""
-    if isinstance(item, Mapping):
-        return item.get(name, default)
-    return getattr(item, name, default)
-
-
-def _category(item: Any) -> str:
-    return _field(item, "category") or category_of(str(_field(item, "task_id")))
+def initial_training_interface(config: SealConfig) -> dict[str, Any] | None:
+    """Ω_0, the interface of the first training episodes; None when the recipe has no interface."""
+    return initial_interface(config.evolve_config) if config.interface.enable else None
 
 
 class SealController:
@@ -80,11 +76,10 @@ class SealController:
         self.run_id = run_id if run_id is not None else uuid.uuid4().hex
         self.state = CapabilityState(self.vocabulary, base_weights=self.apatch_cfg.static_weights(),
                                      config=self.dynamic_cfg, run_id=self.run_id)
-        self.omega: dict[str, Any] = initial_interface(self.evolve_cfg)
+        self.omega: dict[str, Any] = initial_interface(self.evolve_cfg)  # kept (and logged) also with no interface
         self.training_progress = 0.0  # fraction of training done, for reward modes with a decaying cap
         self.weights_step: int | None = None  # step whose dynamic-weight update already ran
         self.last_step: int | None = None
-        self._tags_field = reply_field(self.vocabulary)
 
     # ------------------------------------------------------------------ episodes
     def interface(self, mode: str = "train") -> dict[str, Any] | None:
@@ -93,7 +88,7 @@ class SealController:
             raise ValueError(f"mode must be 'train' or 'val', got {mode!r}")
         if mode != "train" or not self.interface_enabled:
             return None
-        return json.loads(json.dumps(self.omega))  # a copy the caller may keep
+        return copy.deepcopy(self.omega)  # a copy the caller may keep
 
     def set_training_progress(self, step: int, total_steps: int, steps_per_epoch: int | None = None) -> None:
         """Record how far training is (reward `cap_decay`); call before the step's rollouts. `step` is
@@ -111,35 +106,24 @@ class SealController:
         return compute_reward(eval_result, self.reward_cfg, self.training_progress)
 
     # ------------------------------------------------------------------ one step
-    def observe(self, rollouts: Iterable[Any], step: int) -> dict[str, float]:
-        """Feed the step's non-excluded training rollouts into the capability state.
+    def observe(self, records: Sequence[EpisodeRecord], step: int) -> dict[str, float]:
+        """Feed the step's non-excluded training episodes into the capability state.
 
-        `rollouts` are `seal.rollout.types.Rollout`s or mappings with the same fields (`task_id`,
-        `category`, `failure_tags`, `paper_labels`, `reward`, `accuracy`, `excluded`).
         Returns `train/reward_mean`, `train/accuracy_mean`, `train/excluded`, `train/num_rollouts`
         and `train/tag_frac/<tag>` (share of the step's turn tags, configured vocabulary).
         """
-        items = list(rollouts)
-        kept = [r for r in items if not _field(r, "excluded", False)]
-        records = []
-        tag_counts: Counter[str] = Counter()
-        for r in kept:
-            tags = list(_field(r, self._tags_field) or ())
-            accuracy = _field(r, "accuracy")
-            reward = float(_field(r, "reward", 0.0))
-            success = (float(accuracy) >= 1.0) if accuracy is not None else reward >= 1.0
-            records.append(TrajectoryRecord(task_id=str(_field(r, "task_id")), tags=tuple(tags), reward=reward,
-                                            success=success, category=_category(r)))
-            tag_counts.update(tags)
-        self.state.observe(records, step=step)
+        check_records(records, "SealController.observe")
+        kept = [r for r in records if not r.excluded]
+        self.state.observe(kept, step=step)
         self.last_step = step
-        n = len(records)
+        n = len(kept)
         metrics = {
-            "train/num_rollouts": float(len(items)),
-            "train/excluded": float(len(items) - n),
-            "train/reward_mean": sum(r.reward for r in records) / n if n else 0.0,
-            "train/accuracy_mean": sum(1.0 for r in records if r.success) / n if n else 0.0,
+            "train/num_rollouts": float(len(records)),
+            "train/excluded": float(len(records) - n),
+            "train/reward_mean": sum(r.reward for r in kept) / n if n else 0.0,
+            "train/accuracy_mean": sum(1.0 for r in kept if r.success) / n if n else 0.0,
         }
+        tag_counts = Counter(tag for r in kept for tag in r.tags(self.vocabulary))
         total = sum(tag_counts.values())
         for tag, count in sorted(tag_counts.items()):
             metrics[f"train/tag_frac/{tag}"] = count / total
@@ -183,7 +167,7 @@ class SealController:
 
     # ------------------------------------------------------------------ validation
     @staticmethod
-    def validation_metrics(rollouts: Iterable[Any]) -> dict[str, float]:
+    def validation_metrics(records: Sequence[EpisodeRecord]) -> dict[str, float]:
         """`val/accuracy/<category>`, `val/count/<category>`, `val/accuracy/average` (mean of the
         category means, as the paper's Average column), `val/excluded`.
 
@@ -193,14 +177,13 @@ class SealController:
         sums: dict[str, float] = defaultdict(float)
         counts: dict[str, int] = defaultdict(int)
         excluded = 0
-        for r in rollouts:
-            cat = _category(r)
-            counts[cat] += 1
-            if _field(r, "excluded", False):
+        check_records(records, "SealController.validation_metrics")
+        for r in records:
+            counts[r.category] += 1
+            if r.excluded:
                 excluded += 1
                 continue
-            accuracy = _field(r, "accuracy")
-            sums[cat] += float(accuracy) if accuracy is not None else 0.0
+            sums[r.category] += r.accuracy if r.accuracy is not None else 0.0
         metrics: dict[str, float] = {}
         order = [c for c in CATEGORIES if c in counts] + sorted(c for c in counts if c not in CATEGORIES)
         for cat in order:

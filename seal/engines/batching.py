@@ -14,29 +14,21 @@ response (or the fixed lengths passed in)::
     rollout_log_probs  [B, R]    only when every rollout carries sampling log-probs
 
 non_tensor_batch (object arrays, one entry per row): `uid` (one id per task group: GRPO's index),
-`task_id`, `category`, `failure_tags` and `paper_labels` (lists of str), `interface_version`.
+`interface_version`, and the episode records' columns (`seal.core.record.record_columns`: `task_id`,
+`category`, `failure_tags` and `paper_labels` (lists of str), `excluded`), as the verl engine builds them too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
-import numpy as np
 import torch
 
+from seal.core.record import object_array, record_columns
 from seal.rollout.types import Rollout
 
 # The release's GRPO: unbiased std, eps 1e-6; verl's implementation is the same.
 GRPO_EPSILON = 1e-6
-
-
-def _object_array(values: Sequence[Any]) -> np.ndarray:
-    """A 1-D object array (numpy would turn equal-length lists into a 2-D array)."""
-    out = np.empty(len(values), dtype=object)
-    for i, v in enumerate(values):
-        out[i] = v
-    return out
 
 
 def group_uids(rollouts: Sequence[Rollout], step: int | None = None) -> list[str]:
@@ -116,12 +108,9 @@ def rollouts_to_dataproto(
     if logprobs is not None:
         tensors["rollout_log_probs"] = logprobs
     non_tensors = {
-        "uid": _object_array(uids),
-        "task_id": _object_array([r.task_id for r in rollouts]),
-        "category": _object_array([r.category for r in rollouts]),
-        "failure_tags": _object_array([list(r.failure_tags) for r in rollouts]),
-        "paper_labels": _object_array([list(r.paper_labels) for r in rollouts]),
-        "interface_version": _object_array([r.interface_version for r in rollouts]),
+        "uid": object_array(uids),
+        "interface_version": object_array([r.interface_version for r in rollouts]),
+        **record_columns([r.record() for r in rollouts]),
     }
     return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
 

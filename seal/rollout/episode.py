@@ -26,11 +26,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from env_service.protocol import CreateReply, EvaluateReply, StepReply
+from seal.core.record import EpisodeRecord
 from seal.rollout.client import EnvClientError, EnvProtocolError, EnvUnavailable
 from seal.rollout.codec import ChatCodec, TemplateError
 from seal.rollout.types import (
@@ -405,16 +406,13 @@ class EnvServiceLost(RuntimeError):
     """Too many of a step's episodes were lost to the env service: the run stops (non-zero exit)."""
 
 
-def check_infra_loss(samples: Sequence[Any], max_share: float, where: Any = "the env service") -> None:
+def check_infra_loss(records: Sequence[EpisodeRecord], max_share: float, where: Any = "the env service") -> None:
     """Raise ``EnvServiceLost`` when more than ``max_share`` of a step's episodes were lost to the env service.
 
-    ``samples``: the step's ``Rollout`` objects or their ``extras()`` dicts. Training on the rest would look like
+    ``records``: the step's episode records (``Rollout.record()``). Training on the rest would look like
     a run (exit 0, every metric present) while learning from a biased few episodes, or from none."""
-    def reason(sample: Any) -> str | None:
-        return sample.get("exclude_reason") if isinstance(sample, Mapping) else getattr(sample, "exclude_reason", None)
-
-    samples = [s for s in samples if s is not None]
-    lost = sum(reason(s) in INFRA_REASONS for s in samples)
+    samples = list(records)
+    lost = sum(s.exclude_reason in INFRA_REASONS for s in samples)
     if samples and lost / len(samples) > max_share:
         raise EnvServiceLost(
             f"{lost} of {len(samples)} episodes of this step were lost to the env service at {where} after "

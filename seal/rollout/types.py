@@ -6,6 +6,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from seal.core.record import EpisodeRecord
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -139,21 +141,21 @@ class Rollout:
     env_time_s: float = 0.0
     loop_time_s: float = 0.0
 
+    def record(self) -> EpisodeRecord:
+        """What the SEAL method reads of this episode (`seal.core.record`): the one place it is built."""
+        return EpisodeRecord(task_id=self.task_id, category=self.category or "",
+                             failure_tags=tuple(self.failure_tags), paper_labels=tuple(self.paper_labels),
+                             reward=self.reward, accuracy=self.accuracy, excluded=self.excluded,
+                             exclude_reason=self.exclude_reason)
+
     def extras(self) -> dict:
-        """Per-sample fields the trainer carries next to the tensors (A-Patch, capability state, logs)."""
-        return {
-            "task_id": self.task_id,
-            "category": self.category,
-            "failure_tags": list(self.failure_tags),
-            "paper_labels": list(self.paper_labels),
+        """Per-sample fields the trainer carries next to the tensors: the episode's record
+        (`record().to_dict()`, read back with `EpisodeRecord.from_dict`) plus fields for logs."""
+        return self.record().to_dict() | {
             "progress": self.progress,
-            "accuracy": self.accuracy,
-            "reward": self.reward,
             "interface_version": self.interface_version,
             "num_model_calls": self.num_model_calls,
             "num_turns": self.num_turns,
-            "excluded": self.excluded,
-            "exclude_reason": self.exclude_reason,
             "truncated": self.truncated,
             "stop_reason": self.stop_reason,
             "messages": self.messages,

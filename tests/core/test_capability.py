@@ -11,22 +11,25 @@ from seal.core.capability import (
     CapabilityState,
     DynamicWeightConfig,
     RunMismatchError,
-    TrajectoryRecord,
     dominant_tag,
     turn_positions,
 )
 from seal.core.profile import failure_profile
+from seal.core.record import EpisodeRecord
 
 EMPTY, PASS, STATE = "empty_turn_model_response", "pass", "state_mismatch"
 SPUR, INST, RESP, CHECK = "spurious_tool_call", "instance_mismatch", "response_mismatch", "checker_error"
 
 
+def rec(task, tags, reward, success=None):
+    """An episode record whose tags are `tags` in either vocabulary (each state reads its own field)."""
+    success = reward >= 1 if success is None else success
+    return EpisodeRecord(task_id=task, failure_tags=tuple(tags), paper_labels=tuple(tags), reward=reward,
+                         accuracy=1.0 if success else 0.0)
+
+
 def records(n, tags, reward, success=None, task="multi_turn_base_0"):
-    return [
-        TrajectoryRecord(task_id=task, tags=tuple(tags), reward=reward,
-                         success=reward >= 1 if success is None else success)
-        for _ in range(n)
-    ]
+    return [rec(task, tags, reward, success) for _ in range(n)]
 
 
 # ------------------------------------------------------------------ statistics
@@ -56,10 +59,10 @@ def _observed_state():
     state = CapabilityState(run_id="run-a")
     state.observe(
         [
-            TrajectoryRecord("multi_turn_base_1", (STATE, PASS, PASS), 0.0, False),
-            TrajectoryRecord("multi_turn_miss_func_2", (), 1.0, True),
-            TrajectoryRecord("multi_turn_base_1", (PASS,), 1.0, True),
-            {"task_id": "multi_turn_base_3", "tags": [SPUR, EMPTY, EMPTY, CHECK], "reward": 0.5},
+            rec("multi_turn_base_1", (STATE, PASS, PASS), 0.0, False),
+            rec("multi_turn_miss_func_2", (), 1.0, True),
+            rec("multi_turn_base_1", (PASS,), 1.0, True),
+            EpisodeRecord("multi_turn_base_3", failure_tags=(SPUR, EMPTY, EMPTY, CHECK), reward=0.5),  # ungraded
         ],
         step=7,
     )
@@ -116,17 +119,19 @@ def test_failure_profile_by_hand():
     assert json.loads(json.dumps(profile.to_dict()))["tags"][EMPTY]["count"] == 2
 
 
-def test_records_from_reply_and_bad_records():
-    reply = {"accuracy": 1.0, "failure_tags": [PASS, PASS], "paper_labels": ["pass", "pass"]}
-    rec = TrajectoryRecord.from_reply("multi_turn_long_context_4", reply, "paper")
-    assert rec.category == "multi_turn_long_context" and rec.success and rec.reward == 1.0
+def test_records_and_bad_records():
+    r = EpisodeRecord("multi_turn_long_context_4", failure_tags=[PASS, PASS], paper_labels=["pass"], accuracy=1.0)
+    assert r.category == "multi_turn_long_context" and r.success and r.tags("paper") == ("pass",)
+    assert EpisodeRecord.from_dict(r.to_dict() | {"messages": []}) == r  # the wire form round-trips
     state = CapabilityState()
-    with pytest.raises(KeyError):
-        state.observe([{"task_id": "multi_turn_base_1", "tags": []}])
+    with pytest.raises(TypeError, match="EpisodeRecord"):  # the core takes the typed record only
+        state.observe([{"task_id": "multi_turn_base_1", "tags": [], "reward": 0.0}])
     with pytest.raises(TypeError):
-        state.observe([{"task_id": "multi_turn_base_1", "tags": "pass", "reward": 0.0}])
+        EpisodeRecord("multi_turn_base_1", failure_tags="pass")
     with pytest.raises(ValueError):
-        state.observe([{"task_id": "multi_turn_base_1", "tags": [], "reward": float("nan")}])
+        EpisodeRecord("multi_turn_base_1", reward=float("nan"))
+    with pytest.raises(KeyError):
+        EpisodeRecord.from_dict({"failure_tags": []})
 
 
 # ------------------------------------------------------------------ dynamic weights

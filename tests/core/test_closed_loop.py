@@ -21,9 +21,10 @@ import pytest
 import torch
 
 from seal.core.apatch import APatchConfig, apply_apatch
-from seal.core.capability import CapabilityState, TrajectoryRecord
+from seal.core.capability import CapabilityState
 from seal.core.evolve import EvolveConfig, evolve, initial_interface
 from seal.core.profile import failure_profile
+from seal.core.record import EpisodeRecord
 
 STEPS, SHIFT_AFTER, EPOCH_STEPS = 30, 15, 6
 TASKS, SAMPLES, TURNS = 8, 8, 4
@@ -59,7 +60,8 @@ def simulate(vocabulary: str, seed: int = 0) -> list[dict]:
                     for _ in range(TURNS)
                 ]
                 reward = 1.0 if all(t == "pass" for t in tags) else 0.0
-                records.append(TrajectoryRecord(f"multi_turn_base_{task}", tuple(tags), reward, reward >= 1))
+                records.append(EpisodeRecord(f"multi_turn_base_{task}", failure_tags=tags, paper_labels=tags,
+                                             reward=reward, accuracy=reward))
                 tag_rows.append(tags)
                 uids.append(f"task{task}")
 

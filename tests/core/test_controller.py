@@ -30,6 +30,11 @@ def ro(task: str, accuracy: float, tags: list[str], labels: list[str] | None = N
                    excluded=excluded)
 
 
+def recs(rollouts: list[Rollout]) -> list:
+    """What the engines hand the controller: each episode's record."""
+    return [r.record() for r in rollouts]
+
+
 def failing_batch(step_offset: int = 0) -> list[Rollout]:
     """Spurious calls and empty turns with reward 0 (pressure for cues and weights) plus successes.
 
@@ -46,7 +51,7 @@ def failing_batch(step_offset: int = 0) -> list[Rollout]:
 
 def test_observe_metrics_skip_excluded_and_use_the_vocabulary():
     c = SealController(cfg())
-    m = c.observe(failing_batch(), step=1)
+    m = c.observe(recs(failing_batch()), step=1)
     assert m["train/num_rollouts"] == 17 and m["train/excluded"] == 1
     assert m["train/reward_mean"] == 0.5 and m["train/accuracy_mean"] == 0.5
     assert m["train/tag_frac/spurious_tool_call"] == pytest.approx(8 / 48)
@@ -54,12 +59,16 @@ def test_observe_metrics_skip_excluded_and_use_the_vocabulary():
     assert m["train/tag_frac/pass"] == pytest.approx(24 / 48)
     assert c.state.observe_count == 16  # the excluded rollout never reaches the state
     paper = SealController(cfg("seal.diagnosis.vocabulary=paper"))
-    pm = paper.observe([ro("multi_turn_base_1", 0.0, ["state_mismatch"], ["argument_mismatch"])], step=1)
+    pm = paper.observe(recs([ro("multi_turn_base_1", 0.0, ["state_mismatch"], ["argument_mismatch"])]), step=1)
     assert pm["train/tag_frac/argument_mismatch"] == 1.0 and "train/tag_frac/state_mismatch" not in pm
-    # Mappings (the verl engine's extras rows) work like Rollouts.
-    rows = SealController(cfg())
-    rows.observe([{"task_id": "multi_turn_base_3", "failure_tags": ["pass"], "reward": 1.0, "accuracy": 1.0}], 1)
-    assert rows.state.bucket("categories", window=True)["multi_turn_base"].success_rate == 1.0
+    # The core takes the typed record only: neither a Rollout nor a mapping (the verl engine's extras rows).
+    strict = SealController(cfg())
+    for wrong in (failing_batch()[:1], [{"task_id": "multi_turn_base_3", "failure_tags": ["pass"], "reward": 1.0}]):
+        with pytest.raises(TypeError, match="EpisodeRecord"):
+            strict.observe(wrong, 1)
+        with pytest.raises(TypeError, match="EpisodeRecord"):
+            SealController.validation_metrics(wrong)
+    assert strict.state.observe_count == 0
 
 
 def _data(rollouts):
@@ -71,7 +80,7 @@ def _data(rollouts):
 def test_reweight_uses_dynamic_weights_updated_once_per_step():
     c = SealController(cfg())
     batch = [r for r in failing_batch() if not r.excluded]
-    c.observe(batch, step=1)
+    c.observe(recs(batch), step=1)
     data = _data(batch)
     before = data.batch["advantages"].clone()
     m = c.reweight(data, step=1)
@@ -86,7 +95,7 @@ def test_reweight_uses_dynamic_weights_updated_once_per_step():
     # A second call in the same step does not move the weights again.
     c.reweight(_data(batch), step=1)
     assert c.state.dynamic_weights == weights
-    c.observe(batch, step=2)
+    c.observe(recs(batch), step=2)
     c.reweight(_data(batch), step=2)
     assert c.state.dynamic_weights["empty_turn_model_response"] > weights["empty_turn_model_response"]
 
@@ -94,11 +103,11 @@ def test_reweight_uses_dynamic_weights_updated_once_per_step():
 def test_reweight_static_and_disabled():
     static = SealController(cfg(recipe="wo_closed_loop"))
     batch = [r for r in failing_batch() if not r.excluded]
-    static.observe(batch, step=1)
+    static.observe(recs(batch), step=1)
     static.reweight(_data(batch), step=1)
     assert static.state.dynamic_weights == static.apatch_cfg.static_weights()
     off = SealController(cfg(recipe="vanilla_rl"))
-    off.observe(batch, step=1)
+    off.observe(recs(batch), step=1)
     data = _data(batch)
     before = data.batch["advantages"].clone()
     assert off.reweight(data, step=1) == {"apatch/enabled": 0.0}
@@ -108,7 +117,7 @@ def test_reweight_static_and_disabled():
 def test_evolve_closed_loop_open_loop_and_raw():
     batch = failing_batch()
     seal = SealController(cfg())
-    seal.observe(batch, 1)
+    seal.observe(recs(batch), 1)
     m = seal.evolve(1)
     omega = seal.interface("train")
     cues = [c["tag"] for c in omega["cues"]]
@@ -118,11 +127,11 @@ def test_evolve_closed_loop_open_loop_and_raw():
     assert m["capability/observe_count"] == 16
     assert seal.interface("val") is None
     fixed = SealController(cfg(recipe="wo_closed_loop"))
-    fixed.observe(batch, 1)
+    fixed.observe(recs(batch), 1)
     fixed.evolve(1)
     assert fixed.interface("train")["version"] == 0 and fixed.interface("train")["cues"] == []
     raw = SealController(cfg(recipe="vanilla_rl"))
-    raw.observe(batch, 1)
+    raw.observe(recs(batch), 1)
     assert raw.evolve(1)["interface/enabled"] == 0.0 and raw.interface("train") is None
     with pytest.raises(ValueError):
         seal.interface("test-time")
@@ -130,7 +139,7 @@ def test_evolve_closed_loop_open_loop_and_raw():
 
 def test_end_epoch_resets_the_window_only():
     c = SealController(cfg())
-    c.observe(failing_batch(), 1)
+    c.observe(recs(failing_batch()), 1)
     c.end_epoch()
     assert c.state.bucket("tags", window=True) == {}
     assert c.state.bucket("tags", window=False)["spurious_tool_call"].count == 8
@@ -140,7 +149,7 @@ def test_validation_metrics_average_of_category_means():
     rows = ([ro("multi_turn_base_1", 1.0, [])] * 3 + [ro("multi_turn_base_2", 0.0, [])]
             + [ro("multi_turn_miss_param_1", 0.0, [])] * 2
             + [ro("multi_turn_long_context_1", 1.0, []), ro("multi_turn_long_context_2", 1.0, [], excluded=True)])
-    m = SealController.validation_metrics(rows)
+    m = SealController.validation_metrics(recs(rows))
     assert m["val/accuracy/multi_turn_base"] == 0.75 and m["val/count/multi_turn_base"] == 4
     assert m["val/accuracy/multi_turn_miss_param"] == 0.0
     assert m["val/accuracy/multi_turn_long_context"] == 0.5 and m["val/excluded"] == 1  # excluded = failure
@@ -159,7 +168,7 @@ def test_reward_modes_and_training_progress():
 
 def test_save_load_round_trip_and_run_identity(tmp_path):
     c = SealController(cfg(), run_id="run-a")
-    c.observe(failing_batch(), 1)
+    c.observe(recs(failing_batch()), 1)
     c.reweight(_data([r for r in failing_batch() if not r.excluded]), 1)
     c.evolve(1)
     c.save(tmp_path)
@@ -216,7 +225,7 @@ def test_frozen_interface_keeps_non_adaptive_phi_err():
     omega = ablation.interface("train")
     assert omega["error_feedback"] is True and omega["cues"] == [] and omega["schema"]["required"]
     assert not ablation.dynamic_cfg.enable and ablation.apatch_cfg.enable
-    ablation.observe(failing_batch(), 1)
+    ablation.observe(recs(failing_batch()), 1)
     ablation.evolve(1)
     assert ablation.interface("train") == omega  # Ω_0 for the whole run
     with pytest.raises(Exception, match="adaptive needs interface.closed_loop"):

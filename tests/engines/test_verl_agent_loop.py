@@ -26,6 +26,7 @@ from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
 from seal.core.apatch import trajectory_scale  # noqa: E402
 from seal.core.controller import SealController  # noqa: E402
+from seal.core.record import EpisodeRecord
 from seal.engines.verl.agent_loop import FEED_KEY, EpisodeFeed, close_loop_resources, rollout_to_output  # noqa: E402
 from seal.engines.verl.config import AGENT_LOOP_NAME, to_verl_config  # noqa: E402
 from seal.engines.verl.trainer import seal_advantages  # noqa: E402
@@ -211,9 +212,10 @@ def test_advantage_step_on_agent_loop_outputs(worker_run, recipe):
     extra_keys = ("task_id", "category", "failure_tags", "paper_labels", "accuracy", "reward", "excluded",
                   "progress", "interface_version")
     extras = [{k: data.non_tensor_batch[k][i] for k in extra_keys} for i in range(len(data))]
+    records = [EpisodeRecord.from_dict(ex) for ex in extras]  # as the trainer reads the agent loop's extras
     controller = SealController(recipe.seal)
-    controller.observe(extras, step=1)
-    metrics = seal_advantages(data, extras, controller, 1, algorithm=worker_run["verl_cfg"].algorithm,
+    controller.observe(records, step=1)
+    metrics = seal_advantages(data, records, controller, 1, algorithm=worker_run["verl_cfg"].algorithm,
                               num_repeat=N)
     weights = controller.state.dynamic_weights  # the weights this step's A-Patch used
     adv, mask = data.batch["advantages"], data.batch["response_mask"]

@@ -22,6 +22,7 @@ from verl.utils.tensordict_utils import assign_non_tensor_data, list_of_dict_to_
 
 import seal.engines.verl.adapter as VA  # noqa: E402
 import seal.engines.verl.trainer as VT  # noqa: E402
+from seal.core.record import EpisodeRecord  # noqa: E402
 from seal.engines.verl.agent_loop import FEED_KEY, EpisodeFeed, rollout_to_output  # noqa: E402
 from seal.engines.verl.config import TRAINER_MODE, to_verl_config  # noqa: E402
 from seal.logging_utils import trim_metrics  # noqa: E402
@@ -199,16 +200,15 @@ def test_seal_advantages_plain_path_matches(model_dir, tmp_path):
 
     trainer = make_trainer(model_dir, tmp_path, STATIC)
     rewards = [1.0, 0.0, 0.0]
-    extras = [{"task_id": "multi_turn_base_1", "category": "multi_turn_base", "failure_tags": t, "paper_labels": t,
-               "reward": r, "accuracy": r, "excluded": False}
-              for t, r in zip([["pass"], ["state_mismatch"], ["pass", "state_mismatch"]], rewards, strict=True)]
+    records = [EpisodeRecord("multi_turn_base_1", failure_tags=t, paper_labels=t, reward=r, accuracy=r)
+               for t, r in zip([["pass"], ["state_mismatch"], ["pass", "state_mismatch"]], rewards, strict=True)]
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]])
     scores = torch.zeros(3, 3)
     scores[0, 1] = 1.0
     data = DataProto.from_dict(tensors={"token_level_rewards": scores, "response_mask": mask},
                                non_tensors={"uid": np.array(["g", "g", "g"], dtype=object)})
-    trainer.controller.observe(extras, step=1)
-    VT.seal_advantages(data, extras, trainer.controller, 1, algorithm=trainer.config.algorithm, num_repeat=3)
+    trainer.controller.observe(records, step=1)
+    VT.seal_advantages(data, records, trainer.controller, 1, algorithm=trainer.config.algorithm, num_repeat=3)
     s3 = 1 / math.sqrt(3) + 1e-6
     want = [(2 / 3) / s3, -(1 / 3) / s3 * 1.8, -(1 / 3) / s3 * 1.4]
     for i, w in enumerate(want):
@@ -267,9 +267,8 @@ def test_checkpoint_holds_seal_state_and_resume_restores_it(model_dir, tmp_path,
     monkeypatch.setattr(PPOTrainer, "_save_checkpoint", fake_verl_save)
     monkeypatch.setattr(PPOTrainer, "_load_checkpoint", fake_verl_load)
     trainer = make_trainer(model_dir, tmp_path)
-    extras = [{"task_id": "multi_turn_base_1", "failure_tags": ["pass", "state_mismatch"], "reward": 0.0,
-               "accuracy": 0.0, "excluded": False}] * 12
-    trainer.controller.observe(extras, step=3)
+    records = [EpisodeRecord("multi_turn_base_1", failure_tags=("pass", "state_mismatch"), accuracy=0.0)] * 12
+    trainer.controller.observe(records, step=3)
     trainer.controller.evolve(3)
     trainer.global_steps = 3
     trainer._save_checkpoint()

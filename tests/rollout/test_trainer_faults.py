@@ -11,6 +11,7 @@ import pytest
 from seal import recipe as C
 from seal.core.capability import RunMismatchError
 from seal.core.controller import STATE_FILE, SealController
+from seal.core.record import EpisodeRecord
 from seal.logging_utils import read_metrics, trim_metrics
 from seal.rollout.episode import EnvServiceLost, check_infra_loss
 from seal.rollout.types import Rollout
@@ -18,8 +19,9 @@ from seal.rollout.types import Rollout
 EXP = Path(__file__).resolve().parents[2] / "exp"
 
 
-def _rollout(reason: str | None) -> Rollout:
-    return Rollout(task_id="multi_turn_base_0", mode="train", excluded=reason is not None, exclude_reason=reason)
+def _rollout(reason: str | None) -> EpisodeRecord:
+    return Rollout(task_id="multi_turn_base_0", mode="train", excluded=reason is not None,
+                   exclude_reason=reason).record()
 
 
 def test_infra_loss_above_the_share_stops_the_run():
@@ -29,9 +31,10 @@ def test_infra_loss_above_the_share_stops_the_run():
     check_infra_loss(step, 0.7, "x")  # under the share: training goes on
     # policy-side exclusions (prompt too long, empty response) are not infrastructure losses
     check_infra_loss([_rollout("prompt_too_long")] * 8, 0.5, "x")
-    # the verl engine passes the rollouts' extras() dicts
+    # the verl engine reads the records back from the agent loop's extras
+    wire = [EpisodeRecord.from_dict(r.to_dict()) for r in [_rollout("env_protocol")] * 2 + [_rollout(None)]]
     with pytest.raises(EnvServiceLost):
-        check_infra_loss([r.extras() for r in [_rollout("env_protocol")] * 2 + [_rollout(None)]], 0.5, "x")
+        check_infra_loss(wire, 0.5, "x")
     assert C.Recipe().env.max_infra_loss == 0.5
 
 

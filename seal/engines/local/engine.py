@@ -185,7 +185,7 @@ def training_step(run: LocalRun, step: int) -> dict[str, float]:
                                  "train/epoch": float(epoch), "train/step_in_epoch": float(index)}
 
     # 2. C_t: the capability state observes the step's non-excluded rollouts.
-    metrics |= controller.observe(rollouts, step)
+    metrics |= controller.observe([r.record() for r in rollouts], step)
     metrics |= rollout_metrics(rollouts)
 
     # 3. GRPO advantages per task group, A-Patch reweighting, the PPO update (excluded rollouts train nothing).
@@ -271,7 +271,8 @@ async def _play(cfg: C.Recipe, generate: GenerateFn, tokenizer: Any, requests: l
             rollouts = await run_batch(client, generate, tokenizer, requests, params, C.rollout_limits(cfg),
                                        concurrency=cfg.rollout.concurrency, reward_fn=reward_fn,
                                        max_restarts=cfg.env.max_restarts, on_done=lambda i, r: bar.update(1))
-        check_infra_loss(rollouts, cfg.env.max_infra_loss, ", ".join(cfg.env.urls))  # loud, never a silent run
+        # Loud, never a silent run.
+        check_infra_loss([r.record() for r in rollouts], cfg.env.max_infra_loss, ", ".join(cfg.env.urls))
         return rollouts
     finally:
         bar.close()
@@ -319,7 +320,7 @@ def validate(run: LocalRun, step: int) -> dict[str, float]:
             for i, t in enumerate(t for t in run.val_tasks for _ in range(cfg.rollout.val_n))]
     t0 = time.perf_counter()
     rollouts = play(run, reqs, params, _accuracy_reward, f"validation@{step}")
-    metrics = SealController.validation_metrics(rollouts)
+    metrics = SealController.validation_metrics([r.record() for r in rollouts])
     metrics |= rollout_metrics(rollouts, "val_rollout/")
     metrics["timing/validation"] = time.perf_counter() - t0
     out = run.run.validation_file(step)

@@ -65,7 +65,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import verl
 
 VERL_VERSION = "0.9.1"
@@ -102,6 +101,7 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync  # noqa: E402
 from verl.utils import tensordict_utils as tu  # noqa: E402
 from verl.workers.utils.padding import response_to_nested  # noqa: E402
 
+from seal.core.record import EpisodeRecord, object_array  # noqa: E402
 from seal.engines.verl.agent_loop import FEED_KEY  # noqa: E402
 from seal.logging_utils import append_metrics, metrics_row, trim_metrics  # noqa: E402
 from seal.run_dir import Checkpoints  # noqa: E402
@@ -168,14 +168,6 @@ class MetricsLog:
 
 
 # --------------------------------------------------------------------------- TransferQueue columns
-def object_column(values: Sequence[Any]) -> np.ndarray:
-    """A 1-D object array (numpy would turn equal-length lists into a 2-D array)."""
-    out = np.empty(len(values), dtype=object)
-    for i, v in enumerate(values):
-        out[i] = v
-    return out
-
-
 def as_list(values: Any) -> list[Any]:
     """A non-tensor column from TransferQueue as a list: depending on the backend it arrives as a
     NonTensorStack, a numpy array or tensordict's LinkedList (a list subclass without `tolist`)."""
@@ -184,7 +176,7 @@ def as_list(values: Any) -> list[Any]:
 
 def validation_records(data_sources: Sequence[str], sample_uids: Sequence[str],
                        infos: Mapping[str, Sequence[Any]],
-                       expected_counts: Mapping[tuple[str, str], int] | None) -> list[dict[str, Any]]:
+                       expected_counts: Mapping[tuple[str, str], int] | None) -> list[EpisodeRecord]:
     """One record per validation episode from `_val_metrics_update`'s arguments.
 
     `infos` are verl's per-sample `reward_extra_info` lists (our agent loop sets `acc`, `category`,
@@ -201,15 +193,15 @@ def validation_records(data_sources: Sequence[str], sample_uids: Sequence[str],
     seen: Counter[tuple[str, str]] = Counter()
     for i in range(n):
         seen[(str(data_sources[i]), str(sample_uids[i]))] += 1
-        records.append({
-            "task_id": tids[i] or "",
-            "category": cats[i] or str(data_sources[i]),
-            "accuracy": accs[i],
-            "excluded": bool(excl[i]) if excl[i] is not None else accs[i] is None,
-        })
+        records.append(EpisodeRecord(
+            task_id=tids[i] or "",
+            category=cats[i] or str(data_sources[i]),
+            accuracy=accs[i],
+            excluded=bool(excl[i]) if excl[i] is not None else accs[i] is None,
+        ))
     for (source, uid), expected in (expected_counts or {}).items():
         for _ in range(max(int(expected) - seen[(str(source), str(uid))], 0)):
-            records.append({"task_id": "", "category": str(source), "accuracy": 0.0, "excluded": True})
+            records.append(EpisodeRecord(task_id="", category=str(source), accuracy=0.0, excluded=True))
     return records
 
 
@@ -232,17 +224,18 @@ class TrainerAdapter(PPOTrainerSync):
         """Where every logged dict is appended as one line (None: nowhere)."""
 
     @abstractmethod
-    def advantage_step(self, data: DataProto, extras: list[dict[str, Any] | None], batch_keys: list[str],
+    def advantage_step(self, data: DataProto, records: list[EpisodeRecord | None], batch_keys: list[str],
                        metrics: dict) -> None:
         """Set `data.batch["advantages"]` / `["returns"]` from the rows' rewards.
 
         `data.batch` holds `token_level_rewards`, `response_mask` ([B, R], padded) and whatever verl
-        computed; `data.non_tensor_batch["uid"]` the GRPO groups. `extras[i]` is row i's agent-loop
-        `extra_fields` (None for verl's padding rows); `batch_keys` the rows' TransferQueue keys.
+        computed; `data.non_tensor_batch["uid"]` the GRPO groups. `records[i]` is row i's episode record,
+        read from its agent-loop `extra_fields` (None for verl's padding rows); `batch_keys` the rows'
+        TransferQueue keys.
         """
 
     @abstractmethod
-    def validation_metrics(self, records: list[dict[str, Any]]) -> dict[str, float]:
+    def validation_metrics(self, records: list[EpisodeRecord]) -> dict[str, float]:
         """Metrics added to verl's validation metrics (one record per validation episode)."""
 
     @abstractmethod
@@ -294,13 +287,13 @@ class TrainerAdapter(PPOTrainerSync):
         padding = [bool(tag.get("is_padding", False)) for tag in batch.tags]
         td = tq.kv_batch_get(keys=keys, partition_id=partition, select_fields=ADVANTAGE_INPUTS)
         raw_extras = tq.kv_batch_get(keys=keys, partition_id=partition, select_fields=["extra_fields"])
-        extras = [None if pad else dict(ex) for ex, pad in
-                  zip(as_list(raw_extras["extra_fields"]), padding, strict=True)]
+        records = [None if pad else EpisodeRecord.from_dict(ex) for ex, pad in
+                   zip(as_list(raw_extras["extra_fields"]), padding, strict=True)]
 
         nested_mask = td["response_mask"]
         data = DataProto(batch=td.to_padded_tensor())
         data.batch["token_level_scores"] = data.batch["rm_scores"]
-        data.non_tensor_batch["uid"] = object_column(as_list(data.batch.pop("uid")))
+        data.non_tensor_batch["uid"] = object_array(as_list(data.batch.pop("uid")))
         algorithm = self.config.algorithm
         if algorithm.use_kl_in_reward:
             data, kl_metrics = apply_kl_penalty(data, kl_ctrl=self.kl_ctrl_in_reward,
@@ -315,7 +308,7 @@ class TrainerAdapter(PPOTrainerSync):
             data, corr_metrics = compute_rollout_correction_and_add_to_batch(data, corr)
             metrics.update(corr_metrics)
 
-        self.advantage_step(data, extras, keys, metrics)
+        self.advantage_step(data, records, keys, metrics)
 
         out_fields = ["advantages", "returns"]
         if algorithm.use_kl_in_reward:

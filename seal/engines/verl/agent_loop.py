@@ -32,7 +32,7 @@ import asyncio
 import json
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 from uuid import uuid4
@@ -226,19 +226,17 @@ def make_generate(server_manager: Any, base_params: dict[str, Any], request_id: 
 def rollout_to_output(rollout: Rollout, *, eos_id: int, fallback_prompt_ids: list[int],
                       global_steps: dict[str, int | None], need_logprobs: bool) -> AgentLoopOutput:
     """`AgentLoopOutput` of a finished episode (placeholder sequence for excluded / empty ones)."""
+    lost = rollout.excluded  # never graded: no reward
+    placeholder = lost or not rollout.response_ids
+    if placeholder and not lost:  # graded but produced no token (limits): keep its reward, nothing to train on
+        rollout = replace(rollout, excluded=True, exclude_reason="empty_response")
     extras = {k: v for k, v in rollout.extras().items() if k not in DROPPED_EXTRAS}
-    placeholder = rollout.excluded or not rollout.response_ids
     if placeholder:
         # The short dataset prompt: an excluded episode's own prompt may be the overlong one.
         prompt_ids = list(fallback_prompt_ids) or list(rollout.prompt_ids) or [eos_id]
         # One unsampled end-of-turn token: verl needs a non-empty response; mask 0 trains nothing.
         response_ids, response_mask, logprobs = [eos_id], [0], [0.0]
-        if rollout.excluded:
-            reward = 0.0
-        else:  # graded but produced no token (limits): keep its reward, nothing to train on
-            reward = float(rollout.reward)
-            extras["excluded"] = True
-            extras["exclude_reason"] = "empty_response"
+        reward = 0.0 if lost else float(rollout.reward)
     else:
         prompt_ids, response_ids = list(rollout.prompt_ids), list(rollout.response_ids)
         response_mask = list(rollout.response_mask)
@@ -254,7 +252,7 @@ def rollout_to_output(rollout: Rollout, *, eos_id: int, fallback_prompt_ids: lis
         "acc": float(accuracy),
         "category": rollout.category or "",
         "task_id": rollout.task_id,
-        "excluded": float(bool(extras["excluded"])),
+        "excluded": float(rollout.excluded),
     }
     metrics = AgentLoopMetrics(generate_sequences=rollout.model_time_s, tool_calls=rollout.env_time_s)
     return AgentLoopOutput(
@@ -263,7 +261,7 @@ def rollout_to_output(rollout: Rollout, *, eos_id: int, fallback_prompt_ids: lis
         response_mask=response_mask,
         response_logprobs=logprobs if need_logprobs else None,
         reward_score=reward,
-        num_turns=0 if placeholder and rollout.excluded else len(rollout.messages),
+        num_turns=0 if lost else len(rollout.messages),
         metrics=metrics,
         extra_fields=extras,
     )

@@ -27,7 +27,8 @@ from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 
 from seal import recipe as C
 from seal.core.controller import STATE_FILE, SealController
-from seal.engines.verl.adapter import TrainerAdapter, object_column
+from seal.core.record import EpisodeRecord, record_columns
+from seal.engines.verl.adapter import TrainerAdapter
 from seal.engines.verl.agent_loop import EpisodeFeed
 from seal.engines.verl.config import TRAINER_MODE
 from seal.rollout.episode import check_infra_loss
@@ -87,12 +88,13 @@ class SealTrainer(TrainerAdapter):
         return EpisodeFeed(mode="train", interface=self.controller.interface("train"),
                            training_progress=self.controller.training_progress)
 
-    def advantage_step(self, data: DataProto, extras: list[dict[str, Any] | None], batch_keys: list[str],
+    def advantage_step(self, data: DataProto, records: list[EpisodeRecord | None], batch_keys: list[str],
                        metrics: dict) -> None:
         """C_t from the step's real rollouts, then GRPO and A-Patch on the batch (`seal_advantages`)."""
-        check_infra_loss(extras, self.recipe.env.max_infra_loss, ", ".join(self.recipe.env.urls))
-        metrics.update(self.controller.observe([ex for ex in extras if ex is not None], self.global_steps))
-        metrics.update(seal_advantages(data, extras, self.controller, self.global_steps,
+        episodes = [r for r in records if r is not None]  # None: verl's padding rows
+        check_infra_loss(episodes, self.recipe.env.max_infra_loss, ", ".join(self.recipe.env.urls))
+        metrics.update(self.controller.observe(episodes, self.global_steps))
+        metrics.update(seal_advantages(data, records, self.controller, self.global_steps,
                                        algorithm=self.config.algorithm,
                                        num_repeat=int(self.config.actor_rollout_ref.rollout.n),
                                        batch_keys=batch_keys))
@@ -104,7 +106,7 @@ class SealTrainer(TrainerAdapter):
             self.save_checkpoint()
 
     # ================================================================== validation and the best checkpoint
-    def validation_metrics(self, records: list[dict[str, Any]]) -> dict[str, float]:
+    def validation_metrics(self, records: list[EpisodeRecord]) -> dict[str, float]:
         self.last_validation = self.controller.validation_metrics(records)
         return self.last_validation
 
@@ -154,26 +156,9 @@ class SealTrainer(TrainerAdapter):
 
 
 # =========================================================================== the advantage computation
-def extras_columns(extras: Sequence[Mapping[str, Any] | None], tags_fields: Sequence[str]) -> dict[str, np.ndarray]:
-    """non_tensor_batch columns A-Patch reads: each tag field, `excluded`, `task_id`, `category`.
-
-    A row whose extras are None (verl's batch padding) or that is excluded gets no tags (A-Patch
-    leaves it at scale 1; its response mask is 0 anyway).
-    """
-    cols: dict[str, list[Any]] = {name: [] for name in (*tags_fields, "excluded", "task_id", "category")}
-    for ex in extras:
-        skip = ex is None or bool(ex.get("excluded"))
-        for name in tags_fields:
-            cols[name].append(None if skip else list(ex.get(name) or ()))
-        cols["excluded"].append(True if ex is None else bool(ex.get("excluded")))
-        cols["task_id"].append(None if ex is None else ex.get("task_id"))
-        cols["category"].append(None if ex is None else ex.get("category"))
-    return {k: object_column(v) for k, v in cols.items()}
-
-
 def seal_advantages(
     data: DataProto,
-    extras: Sequence[Mapping[str, Any] | None],
+    records: Sequence[EpisodeRecord | None],
     controller: SealController,
     step: int,
     *,
@@ -186,7 +171,8 @@ def seal_advantages(
     Args:
         data: `batch["token_level_rewards"]`, `batch["response_mask"]` ([B, R]) and
             `non_tensor_batch["uid"]` (one GRPO group per prompt), as verl builds them.
-        extras: per row, the agent loop's `extra_fields` (None for verl's padding rows).
+        records: per row, the episode's record (read from the agent loop's `extra_fields`; None for verl's
+            padding rows).
         controller: the run's `SealController` (`observe` must already have run for `step`).
         step: the global step (A-Patch warm-up, once-per-step dynamic-weight update).
         algorithm: verl's `algorithm` config (adv_estimator, norm_adv_by_std_in_grpo, gamma, lam).
@@ -198,9 +184,9 @@ def seal_advantages(
     real groups (a lone member gets mean 0, std 1 in verl), and their advantages are zeroed.
     Returns the A-Patch metrics plus `seal/excluded_rows`.
     """
-    if len(extras) != len(data):
-        raise ValueError(f"{len(extras)} extras for {len(data)} rows")
-    columns = extras_columns(extras, sorted({controller.apatch_cfg.tags_column, "failure_tags", "paper_labels"}))
+    if len(records) != len(data):
+        raise ValueError(f"{len(records)} records for {len(data)} rows")
+    columns = record_columns(records)  # the same columns the local engine's batch carries
     excluded = columns["excluded"].astype(bool)
     uids = np.array(data.non_tensor_batch["uid"], dtype=object)
     for i in np.flatnonzero(excluded):
