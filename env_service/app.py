@@ -37,7 +37,7 @@ from env_service.config import ServiceConfig, StepLimit
 from env_service.episode import EpisodeStateError
 from env_service.http import loop_exception_handler, quiet
 from env_service.rules import DEFAULT_RULES, OFFICIAL
-from env_service.tasks import load_split, load_tasks, split_ids
+from env_service.tasks import failing_twin_replies, ground_truth_replies, load_split, load_tasks, split_ids
 from env_service.workers import Handle, InProcessPool, WorkerPool
 
 log = logging.getLogger("env_service")
@@ -114,6 +114,7 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
     config = config or ServiceConfig()
     tasks = load_tasks()
     split = load_split(config.split_file)
+    train_ids = frozenset(split["train"])
     from env_service.store import EpisodeStore
 
     store = EpisodeStore(config.ttl_s, config.max_episodes)
@@ -181,6 +182,17 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
         except ValueError as exc:
             raise ApiError("unknown_split", str(exc)) from None
         return _reply(p.TasksReply, {"task_ids": ids})
+
+    @app.get("/tasks/{task_id}/replay")
+    async def replay(task_id: str) -> Response:
+        # Training tasks only: a held-out task's ground truth never leaves the service (the evaluation
+        # harness's own ground-truth self-check reads it in-process).
+        if task_id not in tasks:
+            raise ApiError("unknown_task", f"no task {task_id!r}")
+        if task_id not in train_ids:
+            raise ApiError("held_out_task", f"{task_id} is not a training task; its ground truth is not served")
+        return _reply(p.ReplayReply, {"task_id": task_id, "ground_truth": ground_truth_replies(task_id),
+                                      "failing_twin": failing_twin_replies(task_id)})
 
     @app.get("/stats")
     async def stats() -> Response:

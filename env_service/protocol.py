@@ -51,6 +51,7 @@ ERROR_STATUS: dict[str, int] = {
     "unknown_split": 400,  # GET /tasks?split= names no split
     "interface_in_eval": 400,  # an evaluation episode was sent an interface
     "unauthorized": 401,  # missing or wrong bearer token
+    "held_out_task": 403,  # GET /tasks/{id}/replay names a task outside the training split
     "not_found": 404,  # no such route
     "unknown_task": 404,  # POST /episodes names no task
     "unknown_episode": 404,  # the episode is finished and deleted, expired, or never existed
@@ -382,6 +383,15 @@ class TasksReply(_Reply):
     """``GET /tasks?split=train|eval|all``."""
 
     task_ids: list[str]
+
+
+class ReplayReply(_Reply):
+    """``GET /tasks/{task_id}/replay``: assistant messages that replay a training task's ground truth."""
+
+    task_id: str
+    ground_truth: list[str]  # one `<tool_call>` block per message, a plain reply ending each turn
+    failing_twin: list[str] | None  # the same, its last calling turn answered by the plain reply alone; None:
+    # no turn calls a tool
 
 
 class StatsReply(_Reply):

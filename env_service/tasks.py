@@ -168,6 +168,13 @@ def ground_truth_replies(task_id: str, skip_turn: int | None = None) -> list[str
     return texts
 
 
+def failing_twin_replies(task_id: str) -> list[str] | None:
+    """The ground-truth replay with its last calling turn answered by the plain reply alone (None: no turn
+    calls a tool). BFCL grades it a failure: that turn's state and response checks miss the calls."""
+    calling = [i for i, turn in enumerate(ground_truth_tool_calls(task_id)) if turn]
+    return ground_truth_replies(task_id, skip_turn=calling[-1]) if calling else None
+
+
 def ground_truth_tool_calls(task_id: str) -> list[list[dict[str, Any]]]:
     """Ground-truth calls per turn as ``{"name", "arguments"}`` dicts (for replays and harness self-checks)."""
     task = load_tasks()[task_id]

@@ -45,6 +45,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Self, TypeVar
+from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel, ValidationError
@@ -338,6 +339,12 @@ class EnvClient:
             raise ValueError(f"split must be train, eval or all, got {split!r}")
         resp = await self._call("GET", self._pick_replica(), f"/tasks?split={split}", None, _Safety.IDEMPOTENT)
         return _reply(p.TasksReply, resp).task_ids
+
+    async def replay(self, task_id: str) -> p.ReplayReply:
+        """`GET /tasks/{task_id}/replay` -> a training task's ground-truth replay and its failing twin."""
+        path = f"/tasks/{quote(task_id, safe='')}/replay"
+        resp = await self._call("GET", self._pick_replica(), path, None, _Safety.IDEMPOTENT)
+        return _reply(p.ReplayReply, resp)
 
     async def create(
         self,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from env_service.tasks import TURN_END_REPLY, ground_truth_replies, ground_truth_tool_calls
+from env_service.tasks import TURN_END_REPLY, failing_twin_replies, ground_truth_replies, ground_truth_tool_calls
 from seal import recipe as C
 from seal.engines.data import load_tasks
 from seal.engines.local import engine as E
@@ -34,12 +34,12 @@ def test_the_failing_twin_leaves_out_the_last_calling_turn():
     # multi_turn_miss_param_100: turn 0 must not call a tool; turns 1 and 3 call one each.
     turns = ground_truth_tool_calls("multi_turn_miss_param_100")
     last = max(i for i, t in enumerate(turns) if t)
-    gt, twin = ground_truth_replies("multi_turn_miss_param_100"), W.failing_twin_replies("multi_turn_miss_param_100")
+    gt, twin = ground_truth_replies("multi_turn_miss_param_100"), failing_twin_replies("multi_turn_miss_param_100")
     assert len(twin) == len(gt) - len(turns[last]) and twin.count(TURN_END_REPLY) == len(turns)
     calls = [r for r in gt if r.startswith("<tool_call>")]
     assert [r for r in twin if r.startswith("<tool_call>")] == calls[:-len(turns[last])]
     assert twin[-2:] == [TURN_END_REPLY, TURN_END_REPLY]  # the last turn (it calls) ends at once
-    assert W.failing_twin_replies("multi_turn_base_100") == gt[:0] + ground_truth_replies("multi_turn_base_100",
+    assert failing_twin_replies("multi_turn_base_100") == gt[:0] + ground_truth_replies("multi_turn_base_100",
                                                                                          skip_turn=1)
 
 

@@ -11,7 +11,13 @@ import pytest
 
 from env_service.parser import format_tool_call
 from env_service.process import running_service
-from env_service.tasks import ground_truth_tool_calls, load_tasks, split_ids
+from env_service.tasks import (
+    failing_twin_replies,
+    ground_truth_replies,
+    ground_truth_tool_calls,
+    load_tasks,
+    split_ids,
+)
 
 MF49 = "multi_turn_miss_func_49"  # BFCL's ground truth calls `tail` in turn 1; it is revealed in turn 3
 WIDE = {"scope": "episode", "max_steps": 200}
@@ -93,6 +99,20 @@ def test_health_tasks_and_create_shape(service_url):
         "rules": "release",
     }
     assert len(body["tools"]) == len(load_tasks()["multi_turn_miss_func_0"].tools)
+
+
+def test_replay_serves_training_tasks_only(service_url):
+    """The warm start's replays come over the wire, for training tasks; held-out ground truth never does."""
+    train, held_out = split_ids("train")[0], split_ids("eval")[0]
+    reply = httpx.get(f"{service_url}/tasks/{train}/replay")
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert body["task_id"] == train and body["ground_truth"] == ground_truth_replies(train)
+    assert body["failing_twin"] == failing_twin_replies(train) != body["ground_truth"]
+    refused = httpx.get(f"{service_url}/tasks/{held_out}/replay")
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "held_out_task"
+    unknown = httpx.get(f"{service_url}/tasks/multi_turn_base_9999/replay")
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "unknown_task"
 
 
 def test_isolation_32_concurrent_episodes(service_url):

@@ -5,12 +5,13 @@ A random tiny model never solves a BFCL task, so every GRPO group is all zeros a
 succeeds:
 
 1. Each training task is played against the env service, in training mode on the initial interface Ω_0, by
-   a policy that replays the task's ground truth (`env_service.tasks.ground_truth_replies`: one
-   `<tool_call>` per step, a plain reply ends each turn). With `failing_twin` it is played a second time as
-   its failing twin: the same replies, but the last turn that calls a tool is answered with the plain reply
-   alone (its calls left out), which BFCL grades a failure. Each rollout holds the exact token sequence a
-   training episode would have (prompt, replies, observations), here without the `max_response_length`
-   cut: the reward grades the whole episode, so the replies past the cut must be learnt too.
+   a policy that replays the task's ground truth, which the service serves for training tasks
+   (`GET /tasks/{task_id}/replay`, docs/protocol.md: one `<tool_call>` per step, a plain reply ends each
+   turn). With `failing_twin` it is played a second time as its failing twin: the same replies, but the
+   last turn that calls a tool is answered with the plain reply alone (its calls left out), which BFCL
+   grades a failure. Each rollout holds the exact token sequence a training episode would have (prompt,
+   replies, observations), here without the `max_response_length` cut: the reward grades the whole
+   episode, so the replies past the cut must be learnt too.
 2. Supervised steps (AdamW, every episode every step, no gradient through the long prompts but their last
    `GRAD_PROMPT_TOKENS`) raise the log-likelihood of the reply tokens only (observation tokens are
    context). Before every update it measures the probability that sampling at temperature 1 reproduces
@@ -49,6 +50,7 @@ from typing import Any
 import torch
 
 from seal import recipe as C
+from seal.core.controller import initial_training_interface
 from seal.engines.data import Task
 from seal.rollout.client import EnvClient
 from seal.rollout.episode import EpisodeRequest, run_batch
@@ -129,37 +131,26 @@ def full_episode_limits(cfg: C.Recipe) -> RolloutLimits:
     return replace(limits, max_response_length=limits.max_model_len)  # the context limit still ends it
 
 
-def failing_twin_replies(task_id: str) -> list[str] | None:
-    """The ground truth with its last calling turn answered by the plain reply alone (None: no turn calls)."""
-    from env_service.tasks import ground_truth_replies, ground_truth_tool_calls
-
-    calling = [i for i, turn in enumerate(ground_truth_tool_calls(task_id)) if turn]
-    return ground_truth_replies(task_id, skip_turn=calling[-1]) if calling else None
-
-
 def warm_start_episodes(cfg: C.Recipe, tokenizer: Any, tasks: Sequence[Task]) -> list[Rollout]:
     """The episodes the warm start learns, as training plays them (mode train, Ω_0): each task's ground truth,
     if it passes, and with `failing_twin` its twin, if that fails. Ground truths have accuracy 1, twins 0."""
-    from env_service.tasks import ground_truth_replies
-    from seal.core.controller import SealController
+    omega = initial_training_interface(cfg.seal)  # Ω_0, as the first training step's episodes see it
 
-    omega = SealController(cfg.seal).interface("train")
-    plays: list[tuple[str, str, list[str]]] = []  # (task id, "ground truth" | "twin", replies)
-    for t in tasks:
-        plays.append((t.task_id, "ground truth", ground_truth_replies(t.task_id)))
-        twin = failing_twin_replies(t.task_id) if cfg.model.warm_start.failing_twin else None
-        if twin is not None:
-            plays.append((t.task_id, "twin", twin))
-    requests = [EpisodeRequest(task_id, "train", omega, SamplingParams(temperature=1.0, seed=i))
-                for i, (task_id, _, _) in enumerate(plays)]
-
-    async def play() -> list[Rollout]:
+    async def play() -> tuple[list[tuple[str, str, list[str]]], list[Rollout]]:
         async with EnvClient(list(cfg.env.urls), timeout=cfg.env.timeout_s, max_retries=cfg.env.max_retries) as c:
-            return await run_batch(c, GroundTruthReplay(tokenizer, [p[2] for p in plays]), tokenizer, requests,
-                                   limits=full_episode_limits(cfg), concurrency=cfg.rollout.concurrency,
-                                   max_restarts=cfg.env.max_restarts)
+            plays: list[tuple[str, str, list[str]]] = []  # (task id, "ground truth" | "twin", replies)
+            for t in tasks:  # the service serves the replays (training tasks only)
+                replay = await c.replay(t.task_id)
+                plays.append((t.task_id, "ground truth", replay.ground_truth))
+                if cfg.model.warm_start.failing_twin and replay.failing_twin is not None:
+                    plays.append((t.task_id, "twin", replay.failing_twin))
+            requests = [EpisodeRequest(task_id, "train", omega, SamplingParams(temperature=1.0, seed=i))
+                        for i, (task_id, _, _) in enumerate(plays)]
+            return plays, await run_batch(c, GroundTruthReplay(tokenizer, [p[2] for p in plays]), tokenizer,
+                                          requests, limits=full_episode_limits(cfg),
+                                          concurrency=cfg.rollout.concurrency, max_restarts=cfg.env.max_restarts)
 
-    rollouts = asyncio.run(play())  # (limits without the response cut: the whole episode is learnt)
+    plays, rollouts = asyncio.run(play())  # (limits without the response cut: the whole episode is learnt)
     passing = {r.task_id for r, (_, kind, _) in zip(rollouts, plays, strict=True)
                if kind == "ground truth" and not r.excluded and r.accuracy == 1.0 and sum(r.response_mask)}
     kept = []
