@@ -139,3 +139,43 @@ def test_the_cycle_finder_finds_cycles():
     # The check above is only as good as its cycle finder.
     assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert find_cycles({"a": {"b"}, "b": set()}) == []
+
+
+# The SEAL core's entry points for episode data, and the parameter that carries it. Each takes
+# `seal.core.record.EpisodeRecord`s only (docs/seal_core.md): the engines build them with `Rollout.record()`.
+RECORD_ENTRY_POINTS = {
+    ("seal/core/controller.py", "SealController.observe"): "records",
+    ("seal/core/controller.py", "SealController.validation_metrics"): "records",
+    ("seal/core/capability.py", "CapabilityState.observe"): "records",
+    ("seal/core/record.py", "record_columns"): "records",
+}
+
+
+def _functions(path: Path) -> dict[str, ast.FunctionDef]:
+    """Module-level functions and methods of top-level classes, by qualified name."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    out = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            out[node.name] = node
+        elif isinstance(node, ast.ClassDef):
+            out |= {f"{node.name}.{f.name}": f for f in node.body if isinstance(f, ast.FunctionDef)}
+    return out
+
+
+def test_the_core_takes_only_the_typed_episode_record():
+    problems = []
+    for (rel, name), param in RECORD_ENTRY_POINTS.items():
+        fn = _functions(REPO / rel).get(name)
+        if fn is None:
+            problems.append(f"{rel}: {name} is gone (update RECORD_ENTRY_POINTS)")
+            continue
+        arg = next((a for a in fn.args.args if a.arg == param), None)
+        annotation = "" if arg is None or arg.annotation is None else ast.unparse(arg.annotation)
+        # A union with Mapping / Any / a Rollout would let untyped rows back in.
+        if "EpisodeRecord" not in annotation or any(w in annotation for w in ("Mapping", "Any", "dict", "Rollout")):
+            problems.append(f"{rel}: {name}({param}: {annotation or '<none>'})")
+        calls = {ast.unparse(n.func) for n in ast.walk(fn) if isinstance(n, ast.Call)}
+        if name != "record_columns" and "check_records" not in calls:
+            problems.append(f"{rel}: {name} does not refuse other types (check_records)")
+    assert problems == [], "core entry points must take EpisodeRecords only:\n" + "\n".join(problems)
