@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 from pathlib import Path
 
@@ -261,7 +262,7 @@ def test_every_problem_of_a_load_is_listed_with_its_key():
     expected = ["rollout.nn: unknown key", "rollout.n: expected int, got str ('four')",
                 "actor.use_kl_loss: expected bool, got int (1)", "experiment_name: expected str, got int (4)",
                 "env.urls[0]: expected str, got int (1)", "data.max_train_tasks: expected int, got str ('4')",
-                "actor.lr: must be >= 0, got -1.0", "seal.apatch: need 0 < min_scale",
+                "actor.lr: must be >= 0, got -1.0", "seal.apatch.min_scale: must lie in (0, 1], got 0.0",
                 "data.train_batch_size must be a multiple of actor.ppo_mini_batch_size",
                 "seal.diagnosis.vocabulary: must be one of ['progress', 'paper'], got 'mine'"]
     missing = [e for e in expected if not any(line.startswith(e) for line in lines)]
@@ -346,3 +347,88 @@ def test_stale_generated_files_are_reported(tmp_path, monkeypatch):
     assert reference.stale_files() == [stale]
     assert recipe_cli.main(["--check"]) == 1
     assert recipe_cli.main(["--write"]) == 0 and reference.stale_files() == []
+
+
+# --------------------------------------------------------------------------- one declaration per range
+def declared() -> list[tuple[reference.Knob, dict]]:
+    """Every knob with its `knob(...)` metadata."""
+    def meta(cls: type, prefix: str = "") -> dict[str, dict]:
+        out: dict[str, dict] = {}
+        for f in dataclasses.fields(cls):
+            key = f"{prefix}.{f.name}" if prefix else f.name
+            out |= meta(f.default_factory, key) if dataclasses.is_dataclass(f.default_factory) else {key: f.metadata}
+        return out
+
+    by_key = meta(C.Recipe)
+    return [(k, dict(by_key[k.key])) for k in reference.knobs()]
+
+
+def out_of_range(k: reference.Knob, meta: dict, side: str) -> str | None:
+    """An override of `k` just outside its declared range on `side` (None when that side is open)."""
+    if side == "low" and ("gt" in meta or "ge" in meta):
+        value = meta["gt"] if "gt" in meta else meta["ge"] - 1
+    elif side == "high" and "le" in meta:
+        value = meta["le"] + 1
+    else:
+        return None
+    if k.type.startswith("dict"):
+        return f"{k.key}.pass={value}"
+    return f"{k.key}=[{value}]" if k.type.startswith("list") else f"{k.key}={value}"
+
+
+def test_every_declared_range_and_value_set_refuses_what_it_excludes():
+    knobs = declared()
+    ranged = [(k, m) for k, m in knobs if {"ge", "gt", "le"} & set(m)]
+    assert len(ranged) >= 67 and any("off" in m for _, m in ranged)
+    for side in ("low", "high"):
+        overrides = [o for k, m in ranged if (o := out_of_range(k, m, side))]
+        with pytest.raises(C.ConfigError) as info:
+            load("SEAL", *overrides)
+        for item in overrides:  # each one refused, under its own key (a mapping's item under its own)
+            key = item.split("=")[0]
+            assert any(line.startswith(f"{key}: must ") for line in info.value.problems), (item, info.value.problems)
+    chosen = [(k, m) for k, m in knobs if "choices" in m]
+    assert len(chosen) >= 19
+    overrides = [f"{k.key}=[not_allowed]" if k.type.startswith("list") else f"{k.key}=not_allowed" for k, _ in chosen]
+    with pytest.raises(C.ConfigError) as info:
+        load("SEAL", *overrides)
+    for k, _ in chosen:
+        assert any(line.startswith(f"{k.key}: ") and "not_allowed" in line for line in info.value.problems), k.key
+    # The bounds themselves and the `off` value are allowed; an explicit zero stays a zero.
+    edge = load("SEAL", "rollout.top_k=-1", "seal.apatch.min_scale=1", "seal.apatch.max_scale=1",
+                "seal.interface.max_cues=8", "seal.apatch.tag_weights.pass=0", "rollout.temperature=0")
+    assert edge.rollout.top_k == -1 and edge.seal.interface.max_cues == 8 and edge.rollout.temperature == 0
+    assert edge.seal.apatch_config.static_weights()["pass"] == 0
+
+
+def test_the_reference_shows_every_declared_range_and_value_set():
+    table = (EXP.parent / "docs" / "config.md").read_text(encoding="utf-8")
+    rows = {line.split(" | ")[0].strip("| `"): line for line in table.splitlines() if line.startswith("| `")}
+    for k, meta in declared():
+        constrained = bool({"choices", "ge", "gt", "le"} & set(meta))
+        assert bool(k.constraint) is constrained, k.key
+        if constrained:
+            assert f" | {k.constraint.replace('|', chr(92) + '|')} | " in rows[k.key], k.key
+    by_key = {k.key: k.constraint for k, _ in declared()}
+    assert by_key["seal.apatch.min_scale"] == "(0, 1]" and by_key["seal.apatch.max_scale"] == ">= 1"
+    assert by_key["rollout.top_k"] == ">= 1 or -1 (off)" and by_key["seal.apatch.tag_weights"] == "each >= 0"
+    assert by_key["seal.interface.max_cues"] == "[0, 8]" and by_key["seal.capability.ema_beta"] == "[0, 1]"
+    assert by_key["trainer.logger"] == "each one of console, jsonl, wandb"
+
+
+def test_no_private_omegaconf_attributes_in_seal():
+    # Only OmegaConf's public API (pinned in pyproject.toml): no `x._name` on anything but self / cls in a
+    # module that imports omegaconf.
+    root = EXP.parent / "seal"
+    uses = []
+    for path in sorted(root.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        if "omegaconf" not in text:
+            continue
+        for node in ast.walk(ast.parse(text)):
+            if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                    and ast.unparse(node.value) not in ("self", "cls")):
+                uses.append(f"{path.relative_to(root.parent)}:{node.lineno} {ast.unparse(node)}")
+    assert uses == []
+    pins = (EXP.parent / "pyproject.toml").read_text(encoding="utf-8")
+    assert '"omegaconf==2.3.*"' in pins and '"hydra-core==1.3.*"' in pins

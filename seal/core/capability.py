@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from env_service.vocab import EXCLUDED_TAGS, PASS
-from seal.core.config_parsing import apply_release_zero_fallback, config_from_mapping, knob
+from seal.core.config_parsing import apply_release_zero_fallback, knob
 from seal.core.profile import BucketStat, FailureProfile, failure_profile
 from seal.core.record import EpisodeRecord, check_records
 from seal.core.weights import UNKNOWN_TAG, check_vocabulary
@@ -59,13 +59,14 @@ class DynamicWeightConfig:
 
     enable: bool = knob(True, source="release",
                         help="dynamic tag weights from C_t (release dynamic.enable); false = the static rho table")
-    ema_beta: float = knob(0.25, source="release", help="beta: EMA step of the weights toward their target; 0 = fixed")
-    prevalence_alpha: float = knob(1.0, source="release",
+    ema_beta: float = knob(0.25, source="release", ge=0, le=1,
+                            help="beta: EMA step of the weights toward their target; 0 = fixed")
+    prevalence_alpha: float = knob(1.0, source="release", ge=0,
                                    help="alpha: how strongly tag prevalence moves the target; 0 = base weight")
-    confidence_samples: float = knob(32.0, source="release",
+    confidence_samples: float = knob(32.0, source="release", ge=0,
                                      help="occurrences of a tag for full confidence in its statistics; 0 = at once")
-    min_weight: float = knob(0.5, source="release", help="lower clamp of a tag's target weight")
-    max_weight: float = knob(2.0, source="release", help="upper clamp of a tag's target weight")
+    min_weight: float = knob(0.5, source="release", gt=0, help="lower clamp of a tag's target weight")
+    max_weight: float = knob(2.0, source="release", gt=0, help="upper clamp of a tag's target weight")
     release_zero_fallback: bool = knob(
         False, source="ours",
         help="true = the release's `value or default` parsing: 0 for ema_beta / alpha / samples means the default")
@@ -75,19 +76,8 @@ class DynamicWeightConfig:
     def __post_init__(self) -> None:
         if self.release_zero_fallback:
             apply_release_zero_fallback(self, self.RELEASE_OR_DEFAULT_FIELDS)
-        if not 0.0 <= self.ema_beta <= 1.0:
-            raise ValueError(f"dynamic.ema_beta must lie in [0, 1], got {self.ema_beta}")
-        if not (math.isfinite(self.prevalence_alpha) and self.prevalence_alpha >= 0):
-            raise ValueError(f"dynamic.prevalence_alpha must be finite and >= 0, got {self.prevalence_alpha}")
-        if not (math.isfinite(self.confidence_samples) and self.confidence_samples >= 0):
-            raise ValueError(f"dynamic.confidence_samples must be >= 0, got {self.confidence_samples}")
-        if not (0.0 < self.min_weight <= self.max_weight < math.inf):
-            raise ValueError(f"need 0 < min_weight <= max_weight < inf, got {self.min_weight}, {self.max_weight}")
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any] | None) -> DynamicWeightConfig:
-        """Build from a mapping (dict / OmegaConf). Unknown keys raise; explicit zeros stay zeros."""
-        return config_from_mapping(cls, data)
+        if self.min_weight > self.max_weight:
+            raise ValueError(f"min_weight must be <= max_weight, got {self.min_weight} > {self.max_weight}")
 
 
 def _observed(record: EpisodeRecord, vocabulary: str) -> tuple[str, str, tuple[str, ...], float, float]:

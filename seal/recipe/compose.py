@@ -16,7 +16,9 @@ The merge target is `OmegaConf.structured(Recipe)`, so OmegaConf does the key an
 typo is an unknown key, `rollout.n=four` a wrong type. OmegaConf also converts between kinds
 (`1` -> `true`, `"4"` -> `4`, `4` -> `"4"`); a recipe that relies on that is refused too, so a value
 means what it says (an int where a float is expected is fine). Every problem of a load is reported
-at once, each naming its key.
+at once, each naming its key. Only OmegaConf's public API is used (structured configs, merge, the
+errors' `full_key` / `value`; pinned in pyproject.toml): what a key expects is read from the
+dataclasses' type hints, and the sections are built from plain containers.
 
 `load_config` returns the `Recipe` dataclass itself rather than a structured `DictConfig`: the
 engines and the controller then read plain typed attributes (`cfg.rollout.n` is an `int` to a type
@@ -32,6 +34,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import types
+import typing
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -39,9 +43,8 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
-from omegaconf.nodes import AnyNode, BooleanNode, FloatNode, IntegerNode, StringNode
 
-from seal.core.config_parsing import knob_problems
+from seal.core.config_parsing import knob_problems, type_name
 from seal.recipe.schema import ConfigError, Recipe
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -114,18 +117,44 @@ def parse_overrides(overrides: Iterable[str]) -> DictConfig:
 
 # --------------------------------------------------------------------------- typed merge
 def schema() -> DictConfig:
-    """`OmegaConf.structured(Recipe)`, writable (the frozen dataclasses would make it read-only)."""
+    """`OmegaConf.structured(Recipe)`, writable (each frozen dataclass makes its section read-only)."""
     cfg = OmegaConf.structured(Recipe)
 
     def writable(node: DictConfig) -> None:
         OmegaConf.set_readonly(node, None)
         for key in node:
-            child = node._get_node(key)
+            child = node[key]
             if isinstance(child, DictConfig):
                 writable(child)
 
     writable(cfg)
     return cfg
+
+
+def _declared(key: str) -> Any:
+    """The type the schema declares at dotted `key` (`rollout.n`, `env.urls[0]`, `seal.apatch.tag_weights.pass`),
+    read from the dataclasses' type hints; None where it declares none."""
+    hint: Any = Recipe
+    for part in key.replace("[", ".[").split("."):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1:  # `X | None`: X
+            hint = args[0]
+            args = list(typing.get_args(hint))
+        if dataclasses.is_dataclass(hint):
+            hint = typing.get_type_hints(hint).get(part)
+        elif typing.get_origin(hint) in (list, tuple) and part.startswith("["):
+            hint = args[0]
+        elif typing.get_origin(hint) is dict:
+            hint = args[1]
+        else:
+            return None
+    return hint
+
+
+def _expected(key: str) -> str:
+    """What the schema accepts at dotted `key` (for a type error's message)."""
+    hint = _declared(key)
+    return "mapping" if dataclasses.is_dataclass(hint) else "?" if hint is None else type_name(hint)
 
 
 def _kind(value: Any) -> str:
@@ -137,32 +166,9 @@ def _kind(value: Any) -> str:
     return type(value).__name__
 
 
-_NODE_KINDS = {BooleanNode: "bool", IntegerNode: "int", FloatNode: "float", StringNode: "str", AnyNode: "any"}
-
-
-def _expected(target: DictConfig, key: str) -> str:
-    """What the schema accepts at dotted `key` (for a type error's message)."""
-    node: Any = target
-    for part in key.split("."):
-        if isinstance(node, DictConfig) and part in node:
-            node = node._get_node(part)
-        elif isinstance(node, DictConfig):  # a new key of an open mapping: its element type
-            element = node._metadata.element_type
-            return getattr(element, "__name__", str(element))
-        else:
-            return "?"
-    if isinstance(node, DictConfig):
-        kind = "mapping"
-    elif isinstance(node, ListConfig):
-        kind = "list"
-    else:
-        kind = _NODE_KINDS.get(type(node), type(node).__name__)
-    return f"{kind} or null" if node._is_optional() and kind != "any" else kind
-
-
 def _drop(cfg: DictConfig, key: str) -> bool:
-    """Remove dotted `key` from `cfg`; False when it is not there."""
-    *parents, last = key.split(".")
+    """Remove dotted `key` (a list item: the whole list) from `cfg`; False when it is not there."""
+    *parents, last = key.split("[")[0].split(".")
     node: Any = cfg
     for part in parents:
         if not isinstance(node, DictConfig) or part not in node:
@@ -193,19 +199,17 @@ def _coercions(raw: Any, merged: Any, key: str, where: str) -> list[str]:
     return [f"{key}: expected {want}, got {got} ({raw!r}) (from {where})"]
 
 
-def _scalar_section(target: DictConfig, raw: Any, prefix: str) -> str:
-    """The first key where `raw` holds a non-mapping and the schema a section ("" if none)."""
+def _scalar_section(raw: Any, cls: type = Recipe, prefix: str = "") -> str:
+    """The first key where `raw` holds a non-mapping and the schema a section ("" if none): OmegaConf's
+    error for it names no key."""
     if not isinstance(raw, dict):
         return ""
+    hints = typing.get_type_hints(cls)
     for k, v in raw.items():
-        if k not in target:
-            continue
-        key = f"{prefix}.{k}" if prefix else str(k)
-        node = target._get_node(k)
-        if isinstance(node, DictConfig) and dataclasses.is_dataclass(OmegaConf.get_type(node)):
-            if not isinstance(v, dict):
-                return key
-            found = _scalar_section(node, v, key)
+        section = hints.get(k)
+        if dataclasses.is_dataclass(section):
+            key = f"{prefix}.{k}" if prefix else str(k)
+            found = _scalar_section(v, section, key) if isinstance(v, dict) else key
             if found:
                 return found
     return ""
@@ -218,16 +222,15 @@ def _merge(target: DictConfig, update: DictConfig, where: str, problems: list[st
         try:
             merged = OmegaConf.merge(target, update)
         except OmegaConfBaseException as exc:
-            key = str(getattr(exc, "full_key", "") or "")
+            key = str(exc.full_key or "")
             if isinstance(exc, ConfigKeyError):
                 hint = _VOCABULARY_HINT if key.endswith(".vocabulary") else "every key is listed in docs/config.md"
                 problems.append(f"{key}: unknown key {key!r} (from {where}; {hint})")
             elif key:
-                value = getattr(exc, "value", None)
-                problems.append(f"{key}: expected {_expected(target, key)}, got {_kind(value)} ({value!r}) "
+                problems.append(f"{key}: expected {_expected(key)}, got {_kind(exc.value)} ({exc.value!r}) "
                                 f"(from {where})")
             else:  # a section given as a scalar: OmegaConf does not say which
-                key = _scalar_section(target, OmegaConf.to_container(update, resolve=False), "")
+                key = _scalar_section(OmegaConf.to_container(update, resolve=False))
                 if key:
                     value = OmegaConf.select(update, key)
                     problems.append(f"{key}: expected a mapping, got {_kind(value)} ({value!r}) (from {where})")
@@ -244,47 +247,36 @@ def _merge(target: DictConfig, update: DictConfig, where: str, problems: list[st
 
 
 # --------------------------------------------------------------------------- building
-def _build(node: DictConfig, key: str, problems: list[str]) -> tuple[Any, bool]:
-    """The dataclass object of a merged structured `node` and whether it is valid (`problems` say why not).
-
-    OmegaConf.to_object would stop at the first `__post_init__` that raises; this goes on through the
-    other sections so one load reports every problem, each under its key. A section with a bad knob is
-    still built when it can be (so the root's cross-key rules can be checked), but counts as invalid.
-    """
-    cls = OmegaConf.get_type(node)
-    assert cls is not None and dataclasses.is_dataclass(cls)
+def _values(cls: type, data: Mapping[str, Any], key: str, problems: list[str]) -> tuple[dict[str, Any], bool]:
+    """The keyword arguments of `cls` from plain `data`, its sections built, and whether all of them were."""
+    hints = typing.get_type_hints(cls)
     values: dict[str, Any] = {}
-    valid = True
-    unbuilt = False  # a section that could not be built at all
+    built = True
     for f in dataclasses.fields(cls):
-        child = node._get_node(f.name)
-        sub = f"{key}.{f.name}" if key else f.name
-        if isinstance(child, DictConfig) and dataclasses.is_dataclass(OmegaConf.get_type(child)):
-            values[f.name], ok = _build(child, sub, problems)
-            valid = valid and ok
-            unbuilt = unbuilt or values[f.name] is None
-        elif isinstance(child, (DictConfig, ListConfig)):
-            values[f.name] = OmegaConf.to_container(child, resolve=True)
-        else:
-            values[f.name] = node[f.name]
-    if cls is Recipe and not valid:
-        # The root cannot be built, but its cross-key rules may still be checked on the sections.
-        with contextlib.suppress(AttributeError, TypeError):  # a rule reads a section that could not be built
-            problems += Recipe.check(SimpleNamespace(**values))  # type: ignore[arg-type]
-        return None, False
-    own = knob_problems(cls, values, key) if cls is not Recipe else []  # the root checks itself
-    problems += own
-    if unbuilt:
-        return None, False
+        hint, value = hints[f.name], data[f.name]
+        if dataclasses.is_dataclass(hint):
+            value = _build(hint, value, f"{key}.{f.name}" if key else f.name, problems)
+            built = built and value is not None
+        values[f.name] = value
+    return values, built
+
+
+def _build(cls: type, data: Mapping[str, Any], key: str, problems: list[str]) -> Any:
+    """The section `cls` at `key`; None when its own rules across knobs (`__post_init__`) refuse it.
+
+    Sections are plain records (their knobs are checked by the root), so one with a bad knob is still
+    built and the root's rules across keys can be checked as well. OmegaConf.to_object would stop at
+    the first `__post_init__` that raises; this goes on, so one load reports every problem.
+    """
+    values, built = _values(cls, data, key, problems)
+    if not built:
+        return None
     try:
-        return cls(**values), valid and not own
-    except ConfigError as exc:
-        problems += exc.problems
+        return cls(**values)
     except (ValueError, TypeError) as exc:
         section, sep, rest = str(exc).partition(": ")
-        named = sep and section in {f.name for f in dataclasses.fields(cls)}
-        problems.append(f"{key}.{section}: {rest}" if named else f"{key}: {exc}")
-    return None, False
+        problems.append(f"{key}.{section}: {rest}" if sep and section in values else f"{key}: {exc}")
+    return None
 
 
 def _to_recipe(cfg: DictConfig, problems: list[str]) -> Recipe:
@@ -292,10 +284,17 @@ def _to_recipe(cfg: DictConfig, problems: list[str]) -> Recipe:
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as exc:
         raise ConfigError.listing([*problems, f"cannot resolve interpolations: {str(exc).splitlines()[0]}"]) from exc
-    recipe, valid = _build(cfg, "", problems)
-    if problems or not valid or recipe is None:
-        raise ConfigError.listing(problems or ["invalid config"])
-    return recipe
+    data = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(data, dict)
+    problems += knob_problems(Recipe, data)  # every knob of the tree, at once
+    values, built = _values(Recipe, data, "", problems)
+    if built and not problems:
+        return Recipe(**values)  # raises ConfigError listing the broken rules across keys
+    # The root's rules across keys, reported with the problems found so far; a rule that reads a section
+    # which could not be built is skipped.
+    with contextlib.suppress(AttributeError):
+        problems += Recipe.check(SimpleNamespace(**values))  # type: ignore[arg-type]
+    raise ConfigError.listing(problems)
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Recipe:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import types
 import typing
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from seal.core.config_parsing import range_bounds
+from seal.core.config_parsing import allowed_text, type_name
 from seal.recipe.compose import EXP_DIR, REPO_ROOT
 from seal.recipe.schema import Recipe
 
@@ -39,25 +38,6 @@ class Knob:
     constraint: str
 
 
-def _type_name(hint: Any) -> str:
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        names = [_type_name(a) for a in args if a is not type(None)]
-        return " | ".join(names) + (" | null" if type(None) in args else "")
-    if origin in (list, tuple):
-        return f"list[{_type_name(args[0])}]"
-    if origin is dict:
-        return f"dict[{_type_name(args[0])}, {_type_name(args[1])}]"
-    return "null" if hint is type(None) else getattr(hint, "__name__", str(hint))
-
-
-def _constraint(meta: typing.Mapping[str, Any]) -> str:
-    if "choices" in meta:
-        return "one of " + ", ".join(str(c) for c in meta["choices"])
-    return range_bounds(meta)
-
-
 def knobs(cls: type = Recipe, prefix: str = "") -> Iterator[Knob]:
     """Every leaf key of `cls`, depth first in declaration order."""
     hints = typing.get_type_hints(cls)
@@ -70,8 +50,10 @@ def knobs(cls: type = Recipe, prefix: str = "") -> Iterator[Knob]:
         if "source" not in f.metadata:
             raise TypeError(f"{key} is not declared with knob(...): it has no source and help")
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        yield Knob(key, _type_name(hint), default, f.metadata["source"], f.metadata["help"],
-                   _constraint(f.metadata))
+        each = typing.get_origin(hint) in (list, tuple, dict) or any(
+            typing.get_origin(a) in (list, tuple, dict) for a in typing.get_args(hint))  # `list[str] | None`
+        yield Knob(key, type_name(hint), default, f.metadata["source"], f.metadata["help"],
+                   allowed_text(f.metadata, each))
 
 
 def yaml_value(value: Any) -> str:

@@ -6,10 +6,17 @@
 written; `exp/defaults.yaml` and the reference table of `docs/config.md` are generated from here
 (`python -m seal.recipe --write`).
 
+Declaring a knob: give its type annotation and every value set or numeric range in the `knob(...)`
+itself — `choices=(...)`, bounds `ge=` / `gt=` / `le=` (finite numbers; `off=-1` adds one value
+outside them that means "off"); on a list or mapping knob they hold for each item. Never restate
+them in `__post_init__`: `knob_problems` (seal.core.config_parsing) is their one check and the
+reference shows them. Only rules that span keys are code: `Recipe.check`, or the owning class's
+`__post_init__` (seal.core).
+
 Checks, from the cheapest up:
 
 * keys and types: OmegaConf, when a recipe is merged into `OmegaConf.structured(Recipe)`;
-* one knob's value set or range: the `choices` / `ge` / `gt` / `le` of its `knob`;
+* one knob's value set or range: its `knob` declaration;
 * rules that span keys: `Recipe.check`; the SEAL core classes check their own in `__post_init__`.
 
 A `Recipe` that exists has passed all of them: `__post_init__` raises `ConfigError` listing every
@@ -150,7 +157,7 @@ class RolloutConfig:
     n: int = knob(8, source="paper", ge=1, help="rollouts per task (the GRPO group)")
     temperature: float = knob(1.0, source="paper", ge=0, help="training sampling temperature")
     top_p: float = knob(1.0, source="release", gt=0, le=1, help="training nucleus sampling")
-    top_k: int = knob(-1, source="release", help="training top-k; -1 = off")
+    top_k: int = knob(-1, source="release", ge=1, off=-1, help="training top-k; -1 = off")
     max_tokens_per_call: int = knob(4096, source="release", ge=1, help="tokens of one model call (response_length)")
     max_model_len: int = knob(16384, source="paper", ge=1, help="context window")
     max_observation_tokens: int | None = knob(4096, source="release", ge=1,
@@ -251,8 +258,6 @@ class Recipe:
             problems.append(f"experiment_name must be a plain directory name, got {name!r}")
         if not self.env.urls:
             problems.append("env.urls: at least one env-service URL is needed")
-        if self.rollout.top_k == 0 or self.rollout.top_k < -1:
-            problems.append(f"rollout.top_k must be -1 (off) or positive, got {self.rollout.top_k}")
         if self.data.max_prompt_length + self.data.max_response_length > self.rollout.max_model_len:
             # Release assertion (main_ppo): the whole sequence must fit the model's context.
             problems.append("data.max_prompt_length + data.max_response_length must be <= rollout.max_model_len")

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from env_service.vocab import PAPER_LABELS, PROGRESS_TAGS
 from seal.core.apatch import APatchConfig, apply_apatch, apply_scales, trajectory_scale
 from seal.core.weights import PAPER_WEIGHTS, PROGRESS_WEIGHTS, base_weights, reply_field
+from seal.recipe import ConfigError, load_config
 
 verl = pytest.importorskip("verl")
 DataProto = verl.DataProto
@@ -64,30 +65,36 @@ def test_weight_tables_match_paper_and_cover_vocabularies():
 
 
 # ------------------------------------------------------------------ config
-def test_config_from_dict_keeps_explicit_values_and_rejects_typos():
-    cfg = APatchConfig.from_dict({"warmup_steps": 0, "tag_weights": {"pass": 0.0}, "apply_to": "negative"})
+def test_config_keeps_explicit_values():
+    cfg = APatchConfig(warmup_steps=0, tag_weights={"pass": 0.0}, apply_to="negative")
     assert cfg.warmup_steps == 0 and cfg.tag_weights == {"pass": 0.0} and cfg.apply_to == "negative"
     # an explicit 0 weight is kept: mean 0 is then clipped to min_scale
     assert trajectory_scale(["pass", "pass"], cfg.static_weights()) == 0.5
     assert cfg.tags_column == "failure_tags"
-    assert APatchConfig.from_dict({"vocabulary": "paper"}).tags_column == "paper_labels"
-    assert APatchConfig.from_dict({"tags_key": "my_tags"}).tags_column == "my_tags"
-    with pytest.raises(ValueError, match="unknown keys"):
-        APatchConfig.from_dict({"warmup_step": 3})
+    assert APatchConfig(vocabulary="paper").tags_column == "paper_labels"
+    assert APatchConfig(tags_key="my_tags").tags_column == "my_tags"
     with pytest.raises(ValueError):
-        APatchConfig.from_dict({"apply_to": "both"})
+        APatchConfig(tag_weights={"not_a_tag": 1.0})
     with pytest.raises(ValueError):
-        APatchConfig.from_dict({"min_scale": 0.0})
-    with pytest.raises(ValueError):
-        APatchConfig.from_dict({"tag_weights": {"not_a_tag": 1.0}})
-    with pytest.raises(ValueError):
-        APatchConfig.from_dict({"vocabulary": "paper", "tag_weights": {"spurious_tool_call": 1.0}})
+        APatchConfig(vocabulary="paper", tag_weights={"spurious_tool_call": 1.0})
 
 
-def test_config_from_omegaconf():
-    from omegaconf import OmegaConf
+@pytest.mark.parametrize("override,message", [
+    ("seal.apatch.warmup_step=3", "seal.apatch.warmup_step: unknown key"),
+    ("seal.apatch.apply_to=both", "seal.apatch.apply_to: must be one of"),
+    ("seal.apatch.min_scale=0.0", r"seal.apatch.min_scale: must lie in \(0, 1\]"),
+    ("seal.apatch.max_scale=0.9", "seal.apatch.max_scale: must be >= 1"),
+    ("seal.apatch.warmup_steps=-1", "seal.apatch.warmup_steps: must be >= 0"),
+    ("seal.apatch.tag_weights.pass=-0.5", "seal.apatch.tag_weights.pass: must be >= 0"),
+])
+def test_recipe_refuses_bad_apatch_knobs(override, message):
+    # The knobs' declared ranges are checked where a run's config is built: the recipe.
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
 
-    cfg = APatchConfig.from_dict(OmegaConf.create({"enable": True, "tag_weights": {"state_mismatch": 1.4}}))
+
+def test_config_from_a_recipe():
+    cfg = load_config(None, ["seal.apatch.tag_weights.state_mismatch=1.4"]).seal.apatch_config
     assert cfg.static_weights()["state_mismatch"] == 1.4
     assert cfg.static_weights()["spurious_tool_call"] == 2.0
 

@@ -16,6 +16,7 @@ from seal.core.capability import (
 )
 from seal.core.profile import failure_profile
 from seal.core.record import EpisodeRecord
+from seal.recipe import ConfigError, load_config
 
 EMPTY, PASS, STATE = "empty_turn_model_response", "pass", "state_mismatch"
 SPUR, INST, RESP, CHECK = "spurious_tool_call", "instance_mismatch", "response_mismatch", "checker_error"
@@ -200,20 +201,20 @@ def test_dynamic_weights_over_five_windows_by_hand():
 def test_explicit_zeros_stay_zeros():
     failing = records(40, [EMPTY, EMPTY], 0.0)
 
-    frozen = CapabilityState(config=DynamicWeightConfig.from_dict({"ema_beta": 0}))
+    frozen = CapabilityState(config=DynamicWeightConfig(ema_beta=0))
     frozen.observe(failing)
     assert frozen.update_dynamic_weights()[EMPTY] == 1.5  # beta = 0: never moves
 
-    flat = CapabilityState(config=DynamicWeightConfig.from_dict({"prevalence_alpha": 0.0}))
+    flat = CapabilityState(config=DynamicWeightConfig(prevalence_alpha=0.0))
     flat.observe(failing)
     assert flat.update_dynamic_weights()[EMPTY] == 1.5  # alpha = 0: target = base
 
-    eager = CapabilityState(config=DynamicWeightConfig.from_dict({"confidence_samples": 0}))
+    eager = CapabilityState(config=DynamicWeightConfig(confidence_samples=0))
     eager.observe(records(1, [EMPTY, PASS], 0.0))  # 1 occurrence, full confidence at once
     # target = clamp(1.5 (1 + 0.5), .5, 2) = 2.0; w = .75*1.5 + .25*2
     assert eager.update_dynamic_weights()[EMPTY] == pytest.approx(1.625)
 
-    release = CapabilityState(config=DynamicWeightConfig.from_dict({"ema_beta": 0, "release_zero_fallback": True}))
+    release = CapabilityState(config=DynamicWeightConfig(ema_beta=0, release_zero_fallback=True))
     assert release.config.ema_beta == 0.25  # the release's `value or default`
     release.observe(failing)
     assert release.update_dynamic_weights()[EMPTY] > 1.5
@@ -223,13 +224,23 @@ def test_explicit_zeros_stay_zeros():
     assert static.update_dynamic_weights() == static.base_weights
 
 
-def test_dynamic_config_validation():
-    with pytest.raises(ValueError, match="unknown keys"):
-        DynamicWeightConfig.from_dict({"beta": 0.1})
-    with pytest.raises(ValueError):
-        DynamicWeightConfig(ema_beta=1.5)
-    with pytest.raises(ValueError):
-        DynamicWeightConfig(min_weight=0.0)
+@pytest.mark.parametrize("overrides,message", [
+    (["seal.capability.beta=0.1"], "seal.capability.beta: unknown key"),
+    (["seal.capability.ema_beta=1.5"], r"seal.capability.ema_beta: must lie in \[0, 1\]"),
+    (["seal.capability.min_weight=0.0"], "seal.capability.min_weight: must be > 0"),
+    (["seal.capability.prevalence_alpha=-1"], "seal.capability.prevalence_alpha: must be >= 0"),
+    (["seal.capability.confidence_samples=.inf"], "seal.capability.confidence_samples: must be >= 0, got inf"),
+    (["seal.capability.min_weight=1.5", "seal.capability.max_weight=1.2"], "min_weight must be <= max_weight"),
+])
+def test_dynamic_config_validation(overrides, message):
+    # The knobs' declared ranges are checked where a run's config is built: the recipe.
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
+
+
+def test_dynamic_config_checks_its_rule_across_knobs():
+    with pytest.raises(ValueError, match="min_weight must be <= max_weight"):
+        DynamicWeightConfig(min_weight=1.5, max_weight=1.2)
 
 
 def test_paper_vocabulary_state_uses_paper_table():

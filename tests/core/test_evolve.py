@@ -21,6 +21,7 @@ from seal.core.evolve import (
     validate_interface,
 )
 from seal.core.profile import FailureProfile, TagProfile
+from seal.recipe import ConfigError, load_config
 
 EMPTY, STATE, RESP = "empty_turn_model_response", "state_mismatch", "response_mismatch"
 SPUR, INST = "spurious_tool_call", "instance_mismatch"
@@ -154,22 +155,23 @@ def test_cue_overrides_and_explicit_zero():
     cfg = EvolveConfig(cue_texts={EMPTY: None, STATE: "Check the current state first."})
     out = evolve(initial_interface(cfg), p, cfg)
     assert out["cues"] == [{"tag": STATE, "text": "Check the current state first."}]
-    assert evolve(initial_interface(cfg), p, EvolveConfig.from_dict({"max_cues": 0}))["cues"] == []
-    release = EvolveConfig.from_dict({"max_cues": 0, "release_zero_fallback": True})
+    assert evolve(initial_interface(cfg), p, EvolveConfig(max_cues=0))["cues"] == []
+    release = EvolveConfig(max_cues=0, release_zero_fallback=True)
     assert release.max_cues == 3
     with pytest.raises(ValueError):
         EvolveConfig(cue_texts={"pass": "well done"})
     with pytest.raises(ValueError):
         EvolveConfig(cue_texts={STATE: "two\nlines"})
     with pytest.raises(ValueError):
-        EvolveConfig(max_cues=9)  # more than the env service accepts
-    with pytest.raises(ValueError):
         EvolveConfig(vocabulary="paper", error_tags=["empty_turn_model_response"])
-    assert EvolveConfig.from_dict({"error_tags": ["state_mismatch"]}).feedback_tags() == ("state_mismatch",)
-    with pytest.raises(ValueError, match="unknown keys"):
-        EvolveConfig.from_dict({"max_lines": 3})
-    with pytest.raises(ValueError):
-        EvolveConfig(error_feedback="sometimes")
+    assert EvolveConfig(error_tags=("state_mismatch",)).feedback_tags() == ("state_mismatch",)
+    # The knobs' declared ranges and value sets are checked where a run's config is built: the recipe.
+    for override, message in (("seal.interface.max_cues=9", r"seal.interface.max_cues: must lie in \[0, 8\]"),
+                              ("seal.interface.max_lines=3", "seal.interface.max_lines: unknown key"),
+                              ("seal.interface.error_feedback=sometimes", "seal.interface.error_feedback: must be one"),
+                              ("seal.interface.hysteresis=1.5", r"seal.interface.hysteresis: must lie in \[0, 1\]")):
+        with pytest.raises(ConfigError, match=message):
+            load_config(None, [override])
 
 
 def test_validate_interface_rejects_bad_shapes():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from seal.core.reward import RewardConfig, compute_reward
+from seal.recipe import ConfigError, load_config
 
 
 def reply(accuracy=0.0, progress=0.0, passed=0, scorable=0, passed_irr=0, irr=0, pwi=0.0):
@@ -66,8 +67,8 @@ def test_t3rl(cfg, result, expected):
 
 
 def test_release_zero_fallback_switch():
-    assert RewardConfig.from_dict({"irrelevance_weight": 0}).irrelevance_weight == 0
-    release = RewardConfig.from_dict({"mode": "t3rl", "irrelevance_weight": 0, "release_zero_fallback": True})
+    assert RewardConfig(irrelevance_weight=0).irrelevance_weight == 0
+    release = RewardConfig(mode="t3rl", irrelevance_weight=0, release_zero_fallback=True)
     assert release.irrelevance_weight == 0.5
     assert compute_reward(reply(0.0, passed=1, scorable=4, passed_irr=2, irr=2), release) == pytest.approx(0.4)
 
@@ -79,12 +80,13 @@ def test_bad_input_is_refused():
         compute_reward(reply(0.5), RewardConfig())
     with pytest.raises(KeyError, match="counts"):
         compute_reward({"accuracy": 0.0, "progress": 0.1}, RewardConfig(mode="t3rl"))
-    with pytest.raises(ValueError):
-        RewardConfig(mode="dense")
-    with pytest.raises(ValueError):
-        RewardConfig(cap=-0.1)
-    with pytest.raises(ValueError, match="unknown keys"):
-        RewardConfig.from_dict({"partial_credit_cap": 0.5})
+    # The knobs' declared ranges and value sets are checked where a run's config is built: the recipe.
+    for override, message in (("seal.reward.mode=dense", "seal.reward.mode: must be one of"),
+                              ("seal.reward.cap=-0.1", "seal.reward.cap: must be >= 0"),
+                              ("seal.reward.decay_clock=minute", "seal.reward.decay_clock: must be one of"),
+                              ("seal.reward.partial_credit_cap=0.5", "seal.reward.partial_credit_cap: unknown key")):
+        with pytest.raises(ConfigError, match=message):
+            load_config(None, [override])
 
 
 def test_harness_error_turns_count_as_failures_only_when_asked():
@@ -96,5 +98,3 @@ def test_harness_error_turns_count_as_failures_only_when_asked():
     assert compute_reward(result, capped) == pytest.approx(2 / 3)
     assert compute_reward(result, RewardConfig(mode="capped", cap=1.0, count_harness_errors=True)) == pytest.approx(0.5)
     assert compute_reward(result, RewardConfig(mode="t3rl", count_harness_errors=True)) == pytest.approx(0.5)
-    with pytest.raises(ValueError, match="decay_clock"):
-        RewardConfig(decay_clock="minute")

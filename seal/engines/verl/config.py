@@ -317,9 +317,11 @@ def _set(cfg: DictConfig, key: str, value: Any) -> None:
 
 
 def _has_key(cfg: DictConfig, dotted: str) -> bool:
+    *sections, last = dotted.split(".")
     node: Any = cfg
-    for part in dotted.split("."):
-        if not isinstance(node, DictConfig) or part not in node:
+    for part in sections:
+        # An interpolated node is a value, not a section (reading it would resolve it).
+        if not isinstance(node, DictConfig) or part not in node or OmegaConf.is_interpolation(node, part):
             return False
-        node = node._get_node(part)
-    return True
+        node = node[part]
+    return isinstance(node, DictConfig) and last in node
