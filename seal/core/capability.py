@@ -323,6 +323,13 @@ class CapabilityState:
         """C_t (``seal.core.profile.failure_profile``)."""
         return failure_profile(self, source)
 
+    def set_base_weights(self, weights: Mapping[str, float]) -> None:
+        """Replace the base table rho (adaptive rho, ``seal.core.adaptive``); without dynamics it is also the
+        current weights."""
+        self.base_weights = dict(weights)
+        if not self.config.enable:
+            self._weights = dict(weights)
+
     def update_dynamic_weights(self) -> dict[str, float]:
         """One EMA step from the window profile (total when the window is empty); returns the weights."""
         if self.config.enable:
