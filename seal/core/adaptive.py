@@ -38,8 +38,9 @@ from seal.core.profile import BucketStat
 from seal.core.weights import UNKNOWN_TAG
 
 if TYPE_CHECKING:
-    from seal.core.capability import TrajectoryRecord
     from verl import DataProto
+
+    from seal.core.capability import TrajectoryRecord
 
 RHO_MODES = ("fixed", "adaptive")
 TASK_WEIGHT_MODES = ("off", "slime")
@@ -53,7 +54,7 @@ class AdaptiveConfig:
     """``seal.adaptive``: learned utility weights and the per-task weight baseline (all ours, all off)."""
 
     rho: str = knob("fixed", source="ours", choices=RHO_MODES,
-                    help="utility weights: fixed (the paper's table) | adaptive (from repairability, docs/seal_core.md)")
+                    help="utility weights: fixed (the paper's table) | adaptive (from repairability)")
     rho_rate: float = knob(1.0, source="ours", ge=0, le=10,
                            help="eta: how strongly a type's repairability above the mean raises its rho")
     repair_prior: float = knob(4.0, source="ours", ge=0,

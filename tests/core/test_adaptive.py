@@ -14,8 +14,8 @@ from verl import DataProto
 
 from env_service import vocab
 from seal.core.adaptive import AdaptiveConfig, RepairStats, adaptive_rho, task_weight
-from seal.core.capability import TrajectoryRecord
 from seal.core.apatch import APatchSettings
+from seal.core.capability import TrajectoryRecord
 from seal.core.config import DiagnosisConfig, SealConfig
 from seal.core.controller import SealController
 from seal.core.curriculum import draw_batch, task_probabilities, task_score
