@@ -29,22 +29,18 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import sys
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from env_service import vocab  # noqa: E402
-from seal.core.adaptive import AdaptiveConfig  # noqa: E402
-from seal.core.apatch import APatchSettings  # noqa: E402
-from seal.core.config import DiagnosisConfig, InterfaceConfig, SealConfig  # noqa: E402
-from seal.core.controller import SealController  # noqa: E402
-from seal.core.curriculum import draw_batch  # noqa: E402
+from env_service import vocab
+from seal.core.adaptive import AdaptiveConfig
+from seal.core.apatch import APatchSettings
+from seal.core.config import DiagnosisConfig, InterfaceConfig, SealConfig
+from seal.core.controller import SealController
+from seal.core.curriculum import draw_batch
 
 SKILLS = (vocab.INVALID_TOOL_CALL, vocab.ARGUMENT_MISMATCH, vocab.STATE_MISMATCH, vocab.RECOVERY_FAILURE,
           vocab.MISSING_TOOL_CALL, vocab.RESPONSE_MISMATCH)
@@ -59,6 +55,7 @@ VARIANTS = {
     "per-task weights (slime)": dict(apatch=False, task_weights="slime"),
     "SEAL": dict(),
     "SEAL + adaptive rho": dict(rho="adaptive"),
+    "SEAL + adaptive rho (eta 10)": dict(rho="adaptive", rho_rate=10.0),
     "SEAL + curriculum": dict(curriculum=True),
 }
 
@@ -94,7 +91,8 @@ def controller_for(variant: dict) -> SealController:
         diagnosis=DiagnosisConfig("paper"),
         apatch=APatchSettings(enable=variant.get("apatch", True)),
         interface=InterfaceConfig(enable=False),  # a simulated turn has no observation for Ω_t to augment
-        adaptive=AdaptiveConfig(rho=variant.get("rho", "fixed"), task_weights=variant.get("task_weights", "off")),
+        adaptive=AdaptiveConfig(rho=variant.get("rho", "fixed"), rho_rate=variant.get("rho_rate", 1.0),
+                                task_weights=variant.get("task_weights", "off")),
     )
     return SealController(cfg, run_id="sim")
 

@@ -267,11 +267,12 @@ class Recipe:
             problems.append("trainer.resume: auto | disable | <checkpoint dir>")
         if self.model.build_tiny and self.engine != "local" and self.trainer.device != "cpu":
             problems.append("model.build_tiny is for engine: local only (or engine verl with trainer.device: cpu)")
+        if self.model.warm_start.enable and self.engine != "local":
+            problems.append("model.warm_start.enable is for engine: local only")
         if self.data.sampler == "failure_profile" and self.engine != "local":
             problems.append("data.sampler: failure_profile is for engine: local only (verl's data loader draws "
                             "its own batches)")
-        if self.seal.adaptive.task_unsolved_rate > self.seal.adaptive.task_solved_rate:
+        adaptive = getattr(self.seal, "adaptive", None)  # None when the seal section could not be built
+        if adaptive is not None and adaptive.task_unsolved_rate > adaptive.task_solved_rate:
             problems.append("seal.adaptive.task_unsolved_rate must be <= seal.adaptive.task_solved_rate")
-        if self.model.warm_start.enable and self.engine != "local":
-            problems.append("model.warm_start.enable is for engine: local only")
         return problems
