@@ -22,14 +22,16 @@ Rules (first match wins; docs/diagnosis.md has the table and the reasoning):
 * ground truth empty (the model should not call anything): ``pass`` when nothing was attempted, else
   ``invalid_tool_call`` (an accepted, or a rejected, call where no available tool serves the request);
 * ``pass`` when the cumulative check passes, or the turn's own transition and results are right (a mismatch
-  inherited from an earlier turn is that turn's failure, not this one's);
+  inherited from an earlier turn is that turn's failure, not this one's) — unless an earlier turn got
+  executable error feedback it never repaired and the damage is still there: then ``recovery_failure``
+  (the paper's "after executable error feedback, later turns do not recover");
 * otherwise, by the paper's priority:
   1. invalid_tool_call  — a message of the turn was rejected;
   2. argument_mismatch  — a call failed with an argument error, or the model called every function the ground
                           truth called but some ground-truth call was not made with its arguments;
-  3. state_mismatch     — the turn's own transition leaves a wrong state, and some call that executed is not
-                          one of the ground truth's (a turn that only stopped early is not "executed but
-                          wrong": it falls to 5);
+  3. state_mismatch     — some call executed without error and the turn's own transition leaves a wrong
+                          state (a skipped state-changing call included: where missing_tool_call applies
+                          too, the paper's priority puts state_mismatch first);
   4. recovery_failure   — a tool error that no later successful call of the same function repaired;
   5. missing_tool_call  — no accepted call, or a function the ground truth called is missing;
   6. response_mismatch  — calls complete, state right, the results the verifier needs are missing.
@@ -99,13 +101,6 @@ def _some_call_differs(calls: list[AcceptedCall], gt_calls: list[Call]) -> bool:
     return any((g.name, g.arguments) not in made for g in gt_calls)
 
 
-def _only_gt_calls_executed(calls: list[AcceptedCall], gt_calls: list[Call]) -> bool:
-    """True when every call that executed without error is one of the ground truth's (name and arguments):
-    the turn did part of the right thing and stopped, rather than doing something wrong."""
-    expected = [(g.name, g.arguments) for g in gt_calls]
-    return all((c.name, c.arguments) in expected for c in calls if not c.is_error)
-
-
 @dataclass(frozen=True)
 class TurnEvidence:
     """Everything the label of one turn is computed from (``turn`` is None for a turn never reached)."""
@@ -114,6 +109,8 @@ class TurnEvidence:
     turn: Turn | None
     gt_calls: tuple[Call, ...]
     own: OwnCheck | None = None  # None: not needed (the cumulative check passed, or no accepted call)
+    # An earlier turn failed with a tool error that nothing repaired, and no turn since passed the cumulative check.
+    earlier_error: bool = False
 
     @property
     def calls(self) -> list[AcceptedCall]:
@@ -139,8 +136,12 @@ def paper_label(ev: TurnEvidence) -> str:
     calls = ev.calls
     if not ev.gt_calls:
         return vocab.INVALID_TOOL_CALL if calls or ev.rejected else vocab.PASS
-    if ev.tag in vocab.SUCCESS_TAGS or (ev.own is not None and ev.own.passed):
+    if ev.tag in vocab.SUCCESS_TAGS:
         return vocab.PASS
+    if ev.own is not None and ev.own.passed:
+        # The turn did its own part; the cumulative failure is inherited. After unrepaired error feedback it is
+        # the paper's recovery_failure ("later turns do not recover"), else the earlier turn's failure alone.
+        return vocab.RECOVERY_FAILURE if ev.earlier_error else vocab.PASS
     missing = Counter(g.name for g in ev.gt_calls) - Counter(c.name for c in calls)
     own_state_ok = ev.own.state_ok if ev.own is not None else None
 
@@ -150,8 +151,8 @@ def paper_label(ev: TurnEvidence) -> str:
         return vocab.ARGUMENT_MISMATCH
     if calls and not missing and _some_call_differs(calls, list(ev.gt_calls)):
         return vocab.ARGUMENT_MISMATCH
-    stopped_early = bool(missing) and _only_gt_calls_executed(calls, list(ev.gt_calls))
-    if calls and (own_state_ok is False or ev.tag == vocab.INSTANCE_MISMATCH) and not stopped_early:
+    executed = any(not c.is_error for c in calls)
+    if executed and (own_state_ok is False or ev.tag == vocab.INSTANCE_MISMATCH):
         return vocab.STATE_MISMATCH
     if unrecovered_errors(calls):
         return vocab.RECOVERY_FAILURE
@@ -160,8 +161,26 @@ def paper_label(ev: TurnEvidence) -> str:
     return vocab.RESPONSE_MISMATCH
 
 
-def label_turn(task: Task, index: int, tag: str, turn: Turn | None) -> str:
-    """Gather the evidence of turn ``index`` (replaying it alone when it failed) and label it."""
+def label_turn(task: Task, index: int, tag: str, turn: Turn | None, earlier_error: bool = False) -> str:
+    """Gather the evidence of turn ``index`` (replaying it alone when it failed) and label it.
+    ``earlier_error``: ``ErrorCarry.pending`` before this turn."""
     gt_calls = task.gt_calls[index]
     own = own_turn_check(task, index, turn.accepted_calls()) if needs_own_check(tag, turn, gt_calls) else None
-    return paper_label(TurnEvidence(tag, turn, tuple(gt_calls), own))
+    return paper_label(TurnEvidence(tag, turn, tuple(gt_calls), own, earlier_error))
+
+
+class ErrorCarry:
+    """Whether unrepaired executable error feedback is still pending when a turn starts (cross-turn recovery).
+
+    Set by a turn that failed (its label is a failure) with a tool error no later call of the turn repaired;
+    cleared by a turn whose cumulative check passes (the state and results are right again: recovered)."""
+
+    def __init__(self) -> None:
+        self.pending = False
+
+    def update(self, tag: str, label: str, turn: Turn | None) -> None:
+        if tag == vocab.PASS:  # an empty-ground-truth turn checks no state: it clears nothing
+            self.pending = False
+        elif label in vocab.PAPER_LABELS and label != vocab.PASS and turn is not None \
+                and unrecovered_errors(turn.accepted_calls()):
+            self.pending = True

@@ -214,7 +214,7 @@ class Episode:
                           ) -> tuple[str, str | None]:
         """Run one decoded reply's calls as BFCL does: every call runs or gets the error text BFCL's eval would
         give; the results come back in one message. Raises BudgetExceeded like ``_execute``."""
-        accepted, results, checker, error_type = [], [], [], None
+        accepted, results, checker, rejected, error_type = [], [], [], [], None
         reply_left = self.config.budget.reply_bytes
         for name, arguments in calls:
             known = isinstance(name, str) and self.executor.knows(name)
@@ -224,11 +224,13 @@ class Episode:
                 result = self.executor.call(name, arguments, reply_left)
                 reply_left -= len(result)
                 accepted.append(AcceptedCall(name, arguments, result, is_error_result(result)))
+            else:  # what the release rules would have refused: evidence for the diagnosis, not for the verdict
+                rejected.append(vocab.PARSE_ERROR if known else vocab.UNAVAILABLE_TOOL)
             if is_error_result(result):
                 error_type = vocab.TOOL_ERROR
             results.append(result)
             checker.append(official.checker_call(name, arguments, runnable))
-        turn.steps.append(Step("calls", calls=accepted, attempted=attempted, checker_calls=checker))
+        turn.steps.append(Step("calls", calls=accepted, attempted=attempted, checker_calls=checker, rejected=rejected))
         return official.tool_responses(results), error_type
 
     def _advance_turn(self) -> str | None:

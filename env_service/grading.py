@@ -18,7 +18,7 @@ from typing import Any
 
 from env_service import vocab
 from env_service.bfcl import multi_turn_checker, multi_turn_utils, response_checker, state_checker
-from env_service.diagnosis import label_turn
+from env_service.diagnosis import ErrorCarry, label_turn
 from env_service.executor import ToolExecutor, tool_class
 from env_service.tasks import Task
 from env_service.trajectory import Turn
@@ -85,6 +85,7 @@ def per_turn_diagnosis(task: Task, turns: list[Turn]) -> dict[str, Any]:
     gt_ex = ToolExecutor(task.involved_classes, task.initial_config, task.long_context)
     all_model_results: list[str] = []
     details, tags, labels = [], [], []
+    carry = ErrorCarry()
     for t, gt_calls in enumerate(task.gt_calls):
         turn = turns[t] if t < len(turns) else None
         calls = turn.accepted_calls() if turn else []
@@ -98,7 +99,8 @@ def per_turn_diagnosis(task: Task, turns: list[Turn]) -> dict[str, Any]:
             tag, state_ok, response_ok = _turn_tag(
                 not gt_calls, len(calls), model_ex, gt_ex, all_model_results, gt_results, t
             )
-        label = label_turn(task, t, tag, turn)
+        label = label_turn(task, t, tag, turn, carry.pending)
+        carry.update(tag, label, turn)
         if turn is not None and turn.count(vocab.BUDGET_EXCEEDED):
             # The turn's last action went over the cost budget: a refused action, the model's failure.
             tag, label = vocab.BUDGET_EXCEEDED, vocab.INVALID_TOOL_CALL

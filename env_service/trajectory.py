@@ -32,6 +32,11 @@ class Step:
     # official rules: the step's call strings for BFCL's checker, calls that could only fail included
     # (env_service.official.checker_call); None: the accepted calls'
     checker_calls: list[str] | None = None
+    # official rules: one kind per call of the message that could not run (BFCL's executor answered it with an
+    # error text): ``unavailable_tool`` for a name that does not exist, ``parse_error`` for a call string Python
+    # cannot evaluate. The release rules reject such a message whole; here the rest of the message ran, so the
+    # rejection is recorded per call and diagnosis sees it (it never reaches BFCL's checker).
+    rejected: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -48,4 +53,5 @@ class Turn:
         return [calls for calls in steps if calls]
 
     def count(self, kind: str) -> int:
-        return sum(s.kind == kind for s in self.steps)
+        """Steps of ``kind``, plus the calls of ``kind`` rejected inside a step that ran (official rules)."""
+        return sum((s.kind == kind) + s.rejected.count(kind) for s in self.steps)

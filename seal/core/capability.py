@@ -18,7 +18,8 @@ behaviour with the persistence fixed (docs/release_behaviour.md §10.4):
       w      = (1 − β) · w + β · target
 
   ``pass`` stays at its base weight, the excluded harness tags at 1.0; a tag absent from the profile
-  moves towards its base weight.
+  moves towards its base weight. A profile without any non-harness occurrence keeps the weights
+  (the release resets them to the base table: ``reset_on_empty``).
 * Persistence: ``state_dict`` / ``load_state_dict`` and ``save`` / ``load`` (JSON). The state is saved
   with every checkpoint, windows included, and loading is explicit: a file written by another run
   (different ``run_id``) is refused unless ``force=True``.
@@ -70,6 +71,10 @@ class DynamicWeightConfig:
     release_zero_fallback: bool = knob(
         False, source="ours",
         help="true = the release's `value or default` parsing: 0 for ema_beta / alpha / samples means the default")
+    reset_on_empty: bool = knob(
+        False, source="ours",
+        help="a profile with no non-harness tag (e.g. a window of checker_error only): false keeps the previous "
+             "weights; true = the release, back to the base table")
 
     RELEASE_OR_DEFAULT_FIELDS = ("ema_beta", "prevalence_alpha", "confidence_samples")
 
@@ -120,10 +125,11 @@ def next_dynamic_weights(
 ) -> dict[str, float]:
     """One EMA step of the dynamic tag weights (module docstring). Pure.
 
-    With an empty profile (no non-excluded occurrence) the weights stay where they are.
+    With an empty profile (no non-excluded occurrence) the weights stay where they are, or, with
+    ``cfg.reset_on_empty`` (the release), go back to the base table.
     """
     if profile.total_count == 0:
-        return dict(previous)
+        return dict(base) if cfg.reset_on_empty else dict(previous)
     out: dict[str, float] = {}
     for tag in sorted(set(base) | set(previous) | set(profile.tags) | EXCLUDED_TAGS):
         b = base.get(tag, 1.0)
@@ -199,9 +205,15 @@ class CapabilityState:
         # so their tags are counted together with C-level Counter updates, then merged once.
         groups: dict[tuple[str, float, float], list[Any]] = {}
         total_tasks, window_tasks = self._total["tasks"], self._window["tasks"]
+        total_tags, window_tags = self._total["tags"], self._window["tags"]
         for record in records:
             task_id, category, tags, reward, success = _observed(record, self.vocabulary)
             partial = 1.0 if 0.0 < reward < 1.0 else 0.0
+            for tag in tags:  # tag keys in first-seen order (the release's φ_cap tie-break reads it)
+                if tag not in window_tags:
+                    window_tags[tag] = [0.0, 0.0, 0.0, 0.0]
+                    if tag not in total_tags:
+                        total_tags[tag] = [0.0, 0.0, 0.0, 0.0]
             group = groups.get((category, reward, success))
             if group is None:
                 group = groups[(category, reward, success)] = [Counter(), Counter(), 0]
@@ -256,6 +268,13 @@ class CapabilityState:
     def profile(self, source: str = "window") -> FailureProfile:
         """C_t (``seal.core.profile.failure_profile``)."""
         return failure_profile(self, source)
+
+    def set_base_weights(self, weights: Mapping[str, float]) -> None:
+        """Replace the base table rho (adaptive rho, ``seal.core.adaptive``); without dynamics it is also the
+        current weights."""
+        self.base_weights = dict(weights)
+        if not self.config.enable:
+            self._weights = dict(weights)
 
     def update_dynamic_weights(self) -> dict[str, float]:
         """One EMA step from the window profile (total when the window is empty); returns the weights."""

@@ -6,6 +6,7 @@
       apatch:     {enable, min_scale, ...}      seal.core.apatch.APatchSettings
       capability: {enable, ema_beta, ...}       seal.core.capability.DynamicWeightConfig
       interface:  {enable, closed_loop, ...}    InterfaceConfig (the rest: seal.core.evolve.EvolveSettings)
+      adaptive:   {rho, task_weights, ...}      seal.core.adaptive.AdaptiveConfig (beyond the paper; all off)
 
 The vocabulary is one switch for all of SEAL: A-Patch and interface evolution take it from
 `diagnosis.vocabulary` (`apatch_config`, `evolve_config`), so neither section has a vocabulary key of
@@ -20,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from env_service.vocab import VOCABULARIES
+from seal.core.adaptive import AdaptiveConfig
 from seal.core.apatch import APatchConfig, APatchSettings
 from seal.core.capability import DynamicWeightConfig
 from seal.core.config_parsing import knob
@@ -56,6 +58,7 @@ class SealConfig:
     apatch: APatchSettings = field(default_factory=APatchSettings)
     capability: DynamicWeightConfig = field(default_factory=DynamicWeightConfig)
     interface: InterfaceConfig = field(default_factory=InterfaceConfig)
+    adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
 
     def __post_init__(self) -> None:
         # Bound once here, so a tag that the vocabulary lacks fails when the config is built.

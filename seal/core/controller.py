@@ -12,6 +12,7 @@ One training step, in order (docs/seal_core.md; both engines, `seal.engines.loca
     <actor update>
     m |= controller.evolve(step)                    # Ω_{t+1} = evolve(Ω_t, C_t)  (or Ω_0 kept)
     at epoch end: controller.end_epoch()            # new capability window
+    data.sampler failure_profile: controller.repair  # the curriculum's repair statistics (seal.core.curriculum)
     validation:   controller.validation_metrics(val_records)
     checkpoint:   controller.save(ckpt_dir)  ->  ckpt_dir/seal_state.json
 
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from env_service.vocab import CATEGORIES
+from seal.core.adaptive import RepairStats, adaptive_rho, apply_task_weights, repair_metrics
 from seal.core.apatch import apply_apatch
 from seal.core.capability import CapabilityState
 from seal.core.config import SealConfig
@@ -80,6 +82,10 @@ class SealController:
         self.training_progress = 0.0  # fraction of training done, for reward modes with a decaying cap
         self.weights_step: int | None = None  # step whose dynamic-weight update already ran
         self.last_step: int | None = None
+        # Beyond the paper (seal.core.adaptive): repairability is tracked in every run (it changes nothing by
+        # itself) so that adaptive rho and the failure-profile curriculum read one set of statistics.
+        self.adaptive_cfg = config.adaptive
+        self.repair = RepairStats(self.vocabulary, self.adaptive_cfg.repair_prior, self.adaptive_cfg.repair_decay)
 
     # ------------------------------------------------------------------ episodes
     def interface(self, mode: str = "train") -> dict[str, Any] | None:
@@ -115,6 +121,7 @@ class SealController:
         check_records(records, "SealController.observe")
         kept = [r for r in records if not r.excluded]
         self.state.observe(kept, step=step)
+        self.repair.observe(kept, step)
         self.last_step = step
         n = len(kept)
         metrics = {
@@ -132,6 +139,8 @@ class SealController:
     def update_weights(self, step: int) -> dict[str, float]:
         """The dynamic A-Patch weights for `step`: one EMA update per step, after `observe`."""
         if self.weights_step != step:
+            if self.adaptive_cfg.rho == "adaptive":
+                self.state.set_base_weights(self.adaptive_rho())
             self.state.update_dynamic_weights()
             self.weights_step = step
         return self.state.dynamic_weights
@@ -143,12 +152,20 @@ class SealController:
         once per step); otherwise the static table. A disabled A-Patch leaves the advantages alone and
         does not move the weights (release: the update lives inside A-Patch).
         """
+        metrics: dict[str, float] = {}
+        if self.adaptive_cfg.task_weights != "off":  # the per-task baseline, with or without A-Patch
+            metrics |= apply_task_weights(data, self.state.bucket("tasks", window=False), self.adaptive_cfg)
         if not self.apatch_cfg.enable:
-            return {"apatch/enabled": 0.0}
+            return metrics | {"apatch/enabled": 0.0}
         weights = self.update_weights(step)
-        metrics = apply_apatch(data, weights, self.apatch_cfg, step)
+        metrics |= apply_apatch(data, weights, self.apatch_cfg, step)
         metrics["apatch/dynamic_enabled"] = float(self.dynamic_cfg.enable)
         return metrics
+
+    def adaptive_rho(self) -> dict[str, float]:
+        """ρ_t from the static table and the run's repair statistics (seal.core.adaptive)."""
+        return adaptive_rho(self.apatch_cfg.static_weights(), self.repair, self.adaptive_cfg.rho_rate,
+                            self.apatch_cfg.min_scale, self.apatch_cfg.max_scale)
 
     def evolve(self, step: int) -> dict[str, float]:
         """Ω_{t+1} from Ω_t and C_t (closed loop), or Ω_0 kept; returns `interface/*` + `capability/*`."""
@@ -159,6 +176,7 @@ class SealController:
         if self.interface_enabled:
             metrics |= interface_metrics(self.omega)
         metrics |= self.state.metrics()
+        metrics |= repair_metrics(self.repair, self.adaptive_rho() if self.adaptive_cfg.rho == "adaptive" else None)
         return metrics
 
     def end_epoch(self) -> None:
@@ -205,6 +223,7 @@ class SealController:
             "weights_step": self.weights_step,
             "last_step": self.last_step,
             "capability": self.state.state_dict(),
+            "repair": self.repair.state_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any], force: bool = False) -> None:
@@ -221,6 +240,8 @@ class SealController:
             self.run_id = stored
             self.state.run_id = stored
         self.state.load_state_dict(state["capability"], force=force)
+        if "repair" in state:  # a checkpoint written before repair statistics existed starts them afresh
+            self.repair.load_state_dict(state["repair"])
         self.omega = validate_interface(dict(state["omega"]))  # the complete form, every key present
         self.training_progress = float(state.get("training_progress", 0.0))
         self.weights_step = state.get("weights_step")

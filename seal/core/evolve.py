@@ -48,6 +48,9 @@ SCHEMA_WORDINGS = ("ours", "release")
 # φ_cap's prevalence denominator: all non-excluded turn tags (the C_t that the dynamic weights use too), or
 # failure tags only (the release's cue rule, which leaves out pass, correct_abstention and unknown).
 CUE_PREVALENCE_BASES = ("all", "failures")
+# φ_cap's order among tags of equal pressure at the max_cues cut: by tag name (ours, independent of arrival
+# order), or the order C_t's statistics first saw them (the release: a stable sort of its count dict).
+CUE_TIE_BREAKS = ("name", "first_seen")
 
 # Tags whose turns error feedback can help recover (ours).
 # paper: the three labels the paper ties to parse/schema/execution errors.
@@ -135,10 +138,13 @@ class EvolveSettings:
     cue_prevalence: str = knob("all", source="ours", choices=CUE_PREVALENCE_BASES,
                                help="phi_cap prevalence over all non-excluded turn tags (the shared C_t) | "
                                     "failures (release cue rule)")
+    cue_tie_break: str = knob("name", source="ours", choices=CUE_TIE_BREAKS,
+                              help="phi_cap order of equal-pressure tags at the max_cues cut: name | first_seen "
+                                   "(the release)")
     prevalence_threshold: float = knob(0.10, source="release", ge=0, le=1,
-                                        help="phi_cap: a tag needs at least this prevalence")
+                                       help="phi_cap: a tag needs at least this prevalence")
     reward_threshold: float = knob(0.6, source="release", ge=0, le=1,
-                                    help="phi_cap: a tag needs reward_mean below this")
+                                   help="phi_cap: a tag needs reward_mean below this")
     min_tag_count: int = knob(8, source="release", ge=0, help="phi_cap: a tag needs at least this many occurrences")
     max_cues: int = knob(3, source="release", ge=0, le=MAX_CUES,
                          help="phi_cap: most cue lines in one interface")
@@ -268,8 +274,13 @@ def _cue_tags(
             score = stat.pressure
         if keep:
             ranked.append((score, tag))
-    # highest score first; ties by tag name so the choice is deterministic
-    chosen = {tag for _, tag in sorted(ranked, key=lambda x: (-x[0], x[1]))[: cfg.max_cues]}
+    # highest score first; ties by tag name (deterministic whatever the arrival order) or, as the release, first seen
+    if cfg.cue_tie_break == "first_seen":
+        seen = {tag: i for i, tag in enumerate(profile.first_seen)}
+        ranked.sort(key=lambda x: (-x[0], seen.get(x[1], len(seen)), x[1]))
+    else:
+        ranked.sort(key=lambda x: (-x[0], x[1]))
+    chosen = {tag for _, tag in ranked[: cfg.max_cues]}
     return [tag for tag in texts if tag in chosen]  # stable order: CUE_TEXTS order, then overrides
 
 

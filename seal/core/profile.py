@@ -92,6 +92,8 @@ class FailureProfile:
     excluded_count: int  # checker_error / gt_error occurrences (reported, never weighed)
     tags: dict[str, TagProfile] = field(default_factory=dict)
     categories: dict[str, CategoryProfile] = field(default_factory=dict)
+    # the keys of ``tags`` in the order the statistics first saw them (``tags`` itself is sorted by name)
+    first_seen: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         """JSON-friendly form (for traces and logs)."""
@@ -158,4 +160,6 @@ def failure_profile(state: BucketSource, source: str = "window") -> FailureProfi
             total_count=cat_total,
             tags=cat_tags,
         )
-    return FailureProfile(source=used, total_count=total, excluded_count=excluded, tags=tags, categories=categories)
+    first_seen = tuple(t for t in tag_stats if t in tags)
+    return FailureProfile(source=used, total_count=total, excluded_count=excluded, tags=tags, categories=categories,
+                          first_seen=first_seen)

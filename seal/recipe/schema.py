@@ -150,6 +150,11 @@ class DataConfig:
     max_prompt_length: int = knob(8192, source="paper", ge=1, help="prompt tokens")
     max_response_length: int = knob(4096, source="paper", ge=1, help="response tokens of a whole episode")
     shuffle: bool = knob(True, source="release", help="shuffle the training tasks every epoch")
+    sampler: str = knob("epoch", source="ours", choices=("epoch", "failure_profile"),
+                        help="epoch (every task once per epoch) | failure_profile (curriculum from the repair "
+                             "statistics, seal/core/curriculum.py; local engine)")
+    sampler_floor: float = knob(0.2, source="ours", gt=0, le=1,
+                                help="failure_profile: share of each draw spread uniformly, so no task starves")
 
 
 @dataclass(frozen=True)
@@ -269,4 +274,10 @@ class Recipe:
             problems.append("model.build_tiny is for engine: local only (or engine verl with trainer.device: cpu)")
         if self.model.warm_start.enable and self.engine != "local":
             problems.append("model.warm_start.enable is for engine: local only")
+        if self.data.sampler == "failure_profile" and self.engine != "local":
+            problems.append("data.sampler: failure_profile is for engine: local only (verl's data loader draws "
+                            "its own batches)")
+        adaptive = getattr(self.seal, "adaptive", None)  # None when the seal section could not be built
+        if adaptive is not None and adaptive.task_unsolved_rate > adaptive.task_solved_rate:
+            problems.append("seal.adaptive.task_unsolved_rate must be <= seal.adaptive.task_solved_rate")
         return problems

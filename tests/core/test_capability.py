@@ -289,3 +289,16 @@ def test_metrics_prefix_and_values():
     assert metrics["capability/window/multi_turn_base/success_rate"] == pytest.approx(1 / 3)
     assert metrics["capability/window/tag_frac/pass"] == pytest.approx(3 / 9)
     assert metrics["capability/weight/spurious_tool_call"] == pytest.approx(2.0)
+
+
+def test_a_window_of_harness_errors_only_keeps_the_weights_or_resets_them_as_the_release():
+    for reset in (False, True):
+        state = CapabilityState("progress", config=DynamicWeightConfig(reset_on_empty=reset))
+        state.observe(records(40, [EMPTY, EMPTY], 0.0))
+        moved = state.update_dynamic_weights()
+        assert moved[EMPTY] > state.base_weights[EMPTY]
+        state.reset_window()
+        state.observe(records(5, [CHECK], 0.0))  # the window holds only checker_error: no evidence about the policy
+        assert state.profile("window").total_count == 0
+        after = state.update_dynamic_weights()
+        assert after == (state.base_weights if reset else moved)

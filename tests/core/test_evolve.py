@@ -263,3 +263,23 @@ def test_cue_prevalence_over_failures_is_the_release_cue_rule():
     assert cue_tags(evolve(initial_interface(EvolveConfig()), p, EvolveConfig())) == [STATE]
     release = EvolveConfig(cue_prevalence="failures")
     assert sorted(cue_tags(evolve(initial_interface(release), p, release))) == sorted([STATE, RESP])
+
+
+def test_cue_tie_break_by_name_or_first_seen_as_the_release():
+    from seal.core.capability import CapabilityState, TrajectoryRecord
+
+    state = CapabilityState("progress")
+    # two failure tags of equal pressure; state_mismatch is seen first, but sorts after empty_turn by name
+    state.observe([TrajectoryRecord("multi_turn_base_0", (STATE,), 0.0, False)] * 10
+                  + [TrajectoryRecord("multi_turn_long_context_0", (EMPTY,), 0.0, False)] * 10)
+    p = state.profile("window")
+    assert p.tags[STATE].pressure == p.tags[EMPTY].pressure
+    assert p.first_seen == (STATE, EMPTY)
+    ours = EvolveConfig(max_cues=1)
+    assert cue_tags(evolve(initial_interface(ours), p, ours)) == [EMPTY]
+    release = EvolveConfig(max_cues=1, cue_tie_break="first_seen")
+    assert cue_tags(evolve(initial_interface(release), p, release)) == [STATE]
+    # the order survives a checkpoint (JSON keeps key order)
+    restored = CapabilityState("progress", run_id=state.run_id)
+    restored.load_state_dict(json.loads(json.dumps(state.state_dict())), force=True)
+    assert restored.profile("window").first_seen == (STATE, EMPTY)

@@ -50,6 +50,28 @@ def test_load_tasks_round_robin_and_epoch_order():
         E.load_tasks(REPO / "data" / "nope.parquet")
 
 
+def test_failure_profile_sampler_draws_from_the_controllers_statistics_and_resumes_exactly():
+    from seal.core.adaptive import RepairStats
+    from seal.core.record import EpisodeRecord
+
+    cfg = C.load_config(REPO / "exp" / "SEAL_curriculum.yaml")
+    all_tasks = E.load_tasks(TRAIN)
+    stats = RepairStats()
+    for step in range(1, 4):
+        batch = E.step_tasks(all_tasks, step, cfg, stats)[2]
+        assert len({t.task_id for t in batch}) == cfg.data.train_batch_size
+        # the first task of each batch always succeeds, the others fail with a state mismatch
+        stats.observe([EpisodeRecord(t.task_id, failure_tags=("pass",) if i == 0 else ("state_mismatch",),
+                                     reward=float(i == 0), accuracy=float(i == 0))
+                       for i, t in enumerate(batch) for _ in range(2)], step)
+    restored = RepairStats()
+    restored.load_state_dict(json.loads(json.dumps(stats.state_dict())))
+    assert E.step_tasks(all_tasks, 4, cfg, restored) == E.step_tasks(all_tasks, 4, cfg, stats)
+    assert E.step_tasks(all_tasks, 4, cfg, stats) != E.step_tasks(all_tasks, 5, cfg, stats)
+    with pytest.raises(ValueError, match="repair statistics"):
+        E.step_tasks(all_tasks, 1, cfg)
+
+
 def test_hf_generator_is_seeded_and_keeps_tokens(tiny):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -165,7 +187,7 @@ class ScriptedPolicy:
         return Generation(list(script[min(k, len(script) - 1)]), "stop")
 
 
-def _resume_cfg(tmp_path: Path, tiny: Path, url: str):
+def _resume_cfg(tmp_path: Path, tiny: Path, url: str, extra: tuple[str, ...] = ()):
     rows = [{"data_source": t.rsplit("_", 1)[0], "extra_info": {"task_id": t, "category": t.rsplit("_", 1)[0]}}
             for t in TASKS]
     pd.DataFrame(rows).to_parquet(tmp_path / "tasks.parquet")
@@ -178,7 +200,7 @@ def _resume_cfg(tmp_path: Path, tiny: Path, url: str):
         "actor.lr=1e-3", "trainer.total_training_steps=2", "trainer.val_before_train=false",
         "trainer.test_freq=0", "trainer.save_freq=1",
         # thresholds low enough for this small batch, so cues and error feedback move
-        "seal.interface.min_tag_count=1", "seal.interface.error_min_count=1",
+        "seal.interface.min_tag_count=1", "seal.interface.error_min_count=1", *extra,
     ])
 
 
@@ -186,11 +208,17 @@ def _state(run: Path, step: int) -> dict:
     return json.loads((run / "checkpoints" / f"step_{step}" / "seal_state.json").read_text())
 
 
-def test_resume_continues_exactly(tmp_path, tiny, service_url):
+# beyond the paper: the curriculum sampler, adaptive rho and the per-task weights, all resumed from seal_state.json
+BEYOND = ("data.sampler=failure_profile", "seal.adaptive.rho=adaptive", "seal.adaptive.task_weights=slime",
+          "seal.adaptive.task_min_attempts=1")
+
+
+@pytest.mark.parametrize("extra", [(), BEYOND], ids=["seal", "adaptive_curriculum_task_weights"])
+def test_resume_continues_exactly(tmp_path, tiny, service_url, extra):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny)
-    cfg = _resume_cfg(tmp_path, tiny, service_url)
+    cfg = _resume_cfg(tmp_path, tiny, service_url, extra)
     factory = lambda model, tokenizer, device: ScriptedPolicy(tok)  # noqa: E731
     full = C.run_dir(cfg)
     E.train(cfg, full, generate_factory=factory)
@@ -211,6 +239,7 @@ def test_resume_continues_exactly(tmp_path, tiny, service_url):
     assert b["capability"] == a["capability"]  # statistics, windows, dynamic weights, per-task records
     assert b["capability"]["dynamic_weights"] == a["capability"]["dynamic_weights"]
     assert b["omega"] == a["omega"] and b["run_id"] == a["run_id"]
+    assert b["repair"] == a["repair"]
     assert a["capability"]["dynamic_weights"] != _state(full, 1)["capability"]["dynamic_weights"]
     from safetensors.torch import load_file
 

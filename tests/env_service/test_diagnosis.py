@@ -8,12 +8,13 @@ real BFCL checkers, for every label, inherited state, empty-ground-truth turns, 
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 
 from env_service import vocab
 from env_service.config import EpisodeConfig, StepLimit
-from env_service.diagnosis import OwnCheck, TurnEvidence, paper_label
+from env_service.diagnosis import ErrorCarry, OwnCheck, TurnEvidence, paper_label
 from env_service.parser import format_tool_call
 from env_service.tasks import Call, load_tasks
 from env_service.trajectory import AcceptedCall, Step, Turn
@@ -46,6 +47,8 @@ LABEL_CASES = [
     # read-only call with a wrong argument value: the state is right, the response fails -> argument_mismatch
     ("multi_turn_base_100", [call("get_stock_info", symbol="AAPL")], vocab.RESPONSE_MISMATCH,
      vocab.ARGUMENT_MISMATCH),
+    # a tool error and no retry on a read-only turn: the right function with a wrong argument value is
+    # argument_mismatch (priority 2); recovery_failure is about the *later* turns after the error
     ("multi_turn_base_25", [call("cat", file_name="nope.txt")], vocab.RESPONSE_MISMATCH, vocab.ARGUMENT_MISMATCH),
     # the right functions, a wrong argument of a state-changing call
     ("multi_turn_base_2", [call("cd", folder="documents"), call("touch", file_name="X.txt")], vocab.STATE_MISMATCH,
@@ -56,8 +59,9 @@ LABEL_CASES = [
     ("multi_turn_base_25", [call("cd", folder="nope")], vocab.RESPONSE_MISMATCH, vocab.RECOVERY_FAILURE),
     ("multi_turn_base_2", [call("cd", folder="nope")], vocab.STATE_MISMATCH, vocab.RECOVERY_FAILURE),
     ("multi_turn_base_25", [], vocab.EMPTY_TURN, vocab.MISSING_TOOL_CALL),
-    # answered too early: the first right call, then stopped (the state is incomplete, nothing wrong executed)
-    ("multi_turn_base_2", [call("cd", folder="documents")], vocab.STATE_MISMATCH, vocab.MISSING_TOOL_CALL),
+    # a state-changing call skipped after the first right call: the turn's own transition is wrong, so both
+    # state_mismatch and missing_tool_call apply, and the paper's priority puts state_mismatch first
+    ("multi_turn_base_2", [call("cd", folder="documents")], vocab.STATE_MISMATCH, vocab.STATE_MISMATCH),
     # a needed read skipped, a useless read made
     ("multi_turn_base_25", [call("ls")], vocab.RESPONSE_MISMATCH, vocab.MISSING_TOOL_CALL),
     # the ground truth's calls, in an order that changes the read's result: clean and complete, answer wrong
@@ -67,9 +71,9 @@ LABEL_CASES = [
     # an error the model recovered from within the turn is not a failure
     ("multi_turn_base_25", [call("cat", file_name="nope.txt"), call("cat", file_name="summary.txt")], vocab.PASS,
      vocab.PASS),
-    # recovered from an error, then stopped early: missing_tool_call, not recovery_failure
+    # recovered from an error, then skipped the state-changing call: state_mismatch, not recovery_failure
     ("multi_turn_base_2", [call("cd", folder="nope"), call("cd", folder="documents")], vocab.STATE_MISMATCH,
-     vocab.MISSING_TOOL_CALL),
+     vocab.STATE_MISMATCH),
 ]
 
 
@@ -94,6 +98,43 @@ def test_inherited_mismatch_is_not_blamed_on_later_turns():
     # the cumulative check fails on the later turns (the state left by turn 0), their own transitions are right
     assert any(tag != vocab.PASS for tag in result["failure_tags"][1:])
     assert result["paper_labels"][1:] == [vocab.PASS] * (n - 1)
+
+
+def test_later_turns_that_never_recover_from_error_feedback_are_recovery_failures():
+    task_id = "multi_turn_base_2"
+    n = TASKS[task_id].num_turns
+    # turn 0 gets executable error feedback (cd into a missing folder) and never repairs it; the later turns make
+    # exactly the ground truth's own calls, so their own replay passes, but the damage stays
+    turns = [[call("cd", folder="nope")]] + [gt_turn(task_id, i) for i in range(1, n)]
+    result = grade(task_id, turns)
+    assert result["paper_labels"][0] == vocab.RECOVERY_FAILURE
+    failing_later = [i for i in range(1, n) if result["failure_tags"][i] != vocab.PASS]
+    assert failing_later
+    for i in range(1, n):
+        expected = vocab.RECOVERY_FAILURE if i in failing_later else vocab.PASS
+        assert result["paper_labels"][i] == expected, (i, result["failure_tags"][i])
+
+
+def test_error_carry_is_cleared_by_a_passing_turn_and_set_only_by_a_failing_erroring_turn():
+    failed = Turn([Step("calls", calls=[AcceptedCall("mv", {"source": "nope"}, PATH_ERROR, True)])])
+    repaired = Turn([Step("calls", calls=[AcceptedCall("mv", {"source": "nope"}, PATH_ERROR, True),
+                                          AcceptedCall("mv", {"source": "a"}, "ok", False)])])
+    carry = ErrorCarry()
+    carry.update(vocab.PASS, vocab.PASS, failed)  # the error did no harm: the turn passed
+    assert not carry.pending
+    carry.update(vocab.STATE_MISMATCH, vocab.STATE_MISMATCH, repaired)  # repaired within the turn
+    assert not carry.pending
+    carry.update(vocab.STATE_MISMATCH, vocab.RECOVERY_FAILURE, failed)
+    assert carry.pending
+    carry.update(vocab.CORRECT_ABSTENTION, vocab.PASS, None)  # checks no state: clears nothing
+    assert carry.pending
+    carry.update(vocab.PASS, vocab.PASS, None)  # the cumulative check passes again: recovered
+    assert not carry.pending
+    # on constructed evidence: an inherited failure is pass, or recovery_failure after pending error feedback
+    steps, _ = _trigger(vocab.MISSING_TOOL_CALL)
+    inherited = TurnEvidence(vocab.STATE_MISMATCH, Turn(steps), GT, OwnCheck(True, True))
+    assert paper_label(inherited) == vocab.PASS
+    assert paper_label(replace(inherited, earlier_error=True)) == vocab.RECOVERY_FAILURE
 
 
 def test_later_turn_with_its_own_wrong_argument_is_still_labelled():

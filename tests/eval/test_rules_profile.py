@@ -10,7 +10,7 @@ import json
 import httpx
 import pytest
 
-from env_service import official
+from env_service import official, vocab
 from env_service.app import create_app
 from env_service.bfcl import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING
 from env_service.config import ServiceConfig
@@ -136,3 +136,41 @@ def test_official_budget_has_no_length_limits_of_its_own():
     assert limits.max_response_length == limits.max_model_len == 32768
     release = EpisodeBudget().rollout_limits()
     assert release.max_observation_tokens == 4096 and release.max_prompt_length == 8192
+
+
+def _official_block(name: str, **arguments) -> str:
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
+def test_official_calls_to_tools_that_do_not_exist_reach_the_diagnosis_and_not_the_verdict():
+    from env_service.config import EpisodeConfig
+    from env_service.episode import Episode
+    from env_service.interface import parse_interface
+
+    task = load_tasks()["multi_turn_miss_param_120"]
+    assert not task.gt_calls[0]  # the model should not call anything on turn 0
+
+    def play(rules: str, hallucinated: bool):
+        episode = Episode("t", task, "eval", parse_interface(None), EpisodeConfig(), rules=rules)
+        script = [["\n".join(_official_block(f"made_up_{k}", x=k) for k in range(3))] if hallucinated else []]
+        script += [["\n".join(_official_block(c.name, **c.arguments) for c in calls)] for calls in task.gt_calls[1:]]
+        for messages in script:
+            for content in messages:
+                episode.step(content)
+            if not episode.done:
+                episode.step("Done.")
+        return episode.evaluate()
+
+    result = play("official", hallucinated=True)
+    turn0 = result["turns"][0]
+    # recorded as rejected calls, as the release rules record them: the paper's "calls a tool that does not exist"
+    assert (turn0["model_calls"], turn0["unavailable_calls"]) == (0, 3)
+    assert result["paper_labels"][0] == vocab.INVALID_TOOL_CALL
+    assert result["paper_labels"][0] == play("release", hallucinated=True)["paper_labels"][0]
+    # the progress tag is the release's (a rejected attempt is an abstention there too)
+    assert result["failure_tags"][0] == play("release", hallucinated=True)["failure_tags"][0]
+    # BFCL's verdict does not see them: the same as the episode without the made-up calls
+    clean = play("official", hallucinated=False)
+    assert clean["paper_labels"][0] == "pass"
+    assert (result["accuracy"], result["official"]["valid"]) == (clean["accuracy"], clean["official"]["valid"])
+    assert result["failure_tags"][1:] == clean["failure_tags"][1:]

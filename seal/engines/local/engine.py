@@ -36,7 +36,9 @@ import numpy as np
 import torch
 
 from seal import recipe as C
+from seal.core.adaptive import RepairStats
 from seal.core.controller import SealController
+from seal.core.curriculum import draw_batch
 from seal.engines.batching import compute_grpo_advantages, group_uids, rollouts_to_dataproto
 from seal.engines.data import Task, load_tasks
 from seal.logging_utils import MetricsLogger, progress
@@ -172,7 +174,7 @@ def training_step(run: LocalRun, step: int) -> dict[str, float]:
     """Global step `step` (1-based) of the run, top to bottom; returns the step's metrics."""
     cfg, controller = run.cfg, run.controller
     t_step = time.perf_counter()
-    epoch, index, tasks = step_tasks(run.train_tasks, step, cfg)
+    epoch, index, tasks = step_tasks(run.train_tasks, step, cfg, controller.repair)
 
     # 1. Episodes on Ω_t: each task rollout.n times, sampled; the controller turns each reply into a reward.
     controller.set_training_progress(step - 1, run.total_steps, run.steps_per_epoch)
@@ -232,12 +234,19 @@ def epoch_order(num_tasks: int, epoch: int, seed: int, shuffle: bool) -> list[in
     return torch.randperm(num_tasks, generator=gen).tolist()
 
 
-def step_tasks(tasks: Sequence[Task], step: int, cfg: C.Recipe) -> tuple[int, int, list[Task]]:
-    """(epoch, batch index, tasks) of global step `step` (1-based); full batches only (drop_last)."""
+def step_tasks(tasks: Sequence[Task], step: int, cfg: C.Recipe,
+               repair: RepairStats | None = None) -> tuple[int, int, list[Task]]:
+    """(epoch, batch index, tasks) of global step `step` (1-based); full batches only (drop_last).
+    `data.sampler: failure_profile` draws the batch from `repair` (seal.core.curriculum) instead."""
     spe = C.steps_per_epoch(cfg, len(tasks))
     epoch, index = divmod(step - 1, spe)
-    order = epoch_order(len(tasks), epoch, cfg.seed, cfg.data.shuffle)
     size = cfg.data.train_batch_size
+    if cfg.data.sampler == "failure_profile":
+        if repair is None:
+            raise ValueError("data.sampler: failure_profile needs the controller's repair statistics")
+        rows = draw_batch([t.task_id for t in tasks], repair, cfg.data.sampler_floor, size, cfg.seed, step)
+        return epoch, index, [tasks[i] for i in rows]
+    order = epoch_order(len(tasks), epoch, cfg.seed, cfg.data.shuffle)
     return epoch, index, [tasks[i] for i in order[index * size:(index + 1) * size]]
 
 
