@@ -33,6 +33,8 @@ from env_service.rules import DEFAULT_RULES, DESCRIPTIONS, OFFICIAL, RELEASE, RU
 from env_service.vocab import CATEGORIES
 from seal.eval.policies import Policy, PolicyError, PolicyOptions, ground_truth_steps, parse_policy
 from seal.eval.results import (
+    HELD_IN_HEADERS,
+    HELD_IN_METRICS,
     SUMMARY_FILE,
     ResultsLog,
     build_summary,
@@ -41,9 +43,7 @@ from seal.eval.results import (
     write_ordered,
     write_summary,
 )
-from seal.report import paper_numbers as pn
-from seal.report.stats import Estimate
-from seal.report.tables import format_estimate
+from seal.eval.stats import Estimate, format_estimate
 from seal.rollout.client import EnvClient, EnvClientError
 from seal.rollout.episode import play_episode, run_all
 from seal.rollout.types import RolloutLimits
@@ -192,8 +192,8 @@ def paper_row(summary: dict[str, Any]) -> str:
     """The paper's held-in row (Average, Base, Miss Func, Miss Param, Long Context) as a markdown table."""
     accuracy, stderr = summary["accuracy"], summary["stderr"]
     headers, cells = [], []
-    for key in pn.HELD_IN_METRICS:
-        headers.append(pn.HELD_IN_HEADERS[key])
+    for key in HELD_IN_METRICS:
+        headers.append(HELD_IN_HEADERS[key])
         cells.append(format_estimate(Estimate(accuracy[key], stderr.get(key))) if key in accuracy else "–")
     return "| " + " | ".join(headers) + " |\n|" + "---:|" * len(headers) + "\n| " + " | ".join(cells) + " |"
 
