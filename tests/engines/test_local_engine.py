@@ -186,6 +186,7 @@ def _state(run: Path, step: int) -> dict:
     return json.loads((run / "checkpoints" / f"step_{step}" / "seal_state.json").read_text())
 
 
+@pytest.mark.slow  # trains and resumes the tiny model
 def test_resume_continues_exactly(tmp_path, tiny, service_url):
     from transformers import AutoTokenizer
 

@@ -70,6 +70,7 @@ def test_entry_point_when_installed():
     assert proc.returncode == 0 and "REGISTERED" in proc.stdout, proc.stderr[-3000:]
 
 
+@pytest.mark.slow  # starts Ray
 def test_plugin_registers_inside_a_ray_worker():
     """A Ray worker started with the engine's runtime environment sees both registrations."""
     ray = pytest.importorskip("ray")
