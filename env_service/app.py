@@ -39,7 +39,7 @@ from env_service.episode import EpisodeStateError
 from env_service.http import loop_exception_handler, quiet
 from env_service.rules import DEFAULT_RULES, OFFICIAL
 from env_service.store import EpisodeStore
-from env_service.tasks import load_split, load_tasks, split_ids
+from env_service.tasks import Task, load_split, load_tasks, split_ids
 from env_service.workers import Handle, InProcessPool, WorkerPool
 
 log = logging.getLogger("env_service")
@@ -118,7 +118,7 @@ class Service:
     the counters ``/stats`` reports. One per app, at ``app.state.service``."""
 
     config: ServiceConfig
-    tasks: dict[str, Any]
+    tasks: dict[str, Task]
     split: dict[str, list[str]]
     store: EpisodeStore
     pool: WorkerPool | InProcessPool

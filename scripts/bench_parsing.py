@@ -1,9 +1,10 @@
 """Time the service's text handling on adversarial and long inputs: the tool-call parser and the error feedback.
 
 The tests (tests/env_service/test_parsing_hardening.py) check that the work is linear by counting the characters
-read; this prints how long the same inputs take, and the time per character at one and ten times the size (a
-linear function keeps it flat). The quadratic parser this replaced took 18 s on the first input, the unbounded
-hint rules 26 s on the first error message; on a 2-core machine each now takes well under 0.1 s.
+read; this prints how long the same inputs take (the best of `--repeats` runs), at one and ten times the size:
+a linear function keeps the time per character flat, a bounded one (the hint rules and the error families read
+a bounded head of the message) keeps the time itself flat. For scale: the quadratic parser this replaced took
+18 s on the first input, the unbounded hint rules 26 s on the first error message.
 
     python scripts/bench_parsing.py [--repeats 5]
 """
