@@ -5,6 +5,11 @@ Request bodies are validated with the protocol's request models and every reply 
 model, so what the service answers is what the client's models parse. Bodies are read and parsed here rather
 than by FastAPI's dependency machinery, which costs more per request than the whole model validation.
 
+The routes come in one ``APIRouter`` per resource: ``service_router`` (``/healthz``, ``/tasks``, ``/stats``) and
+``episode_router`` (``/episodes``: create, step, evaluate, delete). What they share (configuration, tasks, the
+episode store, the worker pool, the counters) is one :class:`Service` on the app's state; ``create_app`` builds
+it and wires the routers, the error handlers and the lifespan (the expiry sweeper).
+
 Episodes live in worker processes (``env_service.workers``): a handler awaits its episode's worker, whose
 requests are serialized, so a step is atomic with respect to other requests, and the event loop (health checks
 included) keeps answering while BFCL code runs under the cost budget.
