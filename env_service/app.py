@@ -5,6 +5,12 @@ Request bodies are validated with the protocol's request models and every reply 
 model, so what the service answers is what the client's models parse. Bodies are read and parsed here rather
 than by FastAPI's dependency machinery, which costs more per request than the whole model validation.
 
+The routes come in one ``APIRouter`` per resource: ``service_router`` (``/healthz``, ``/tasks``,
+``/tasks/{task_id}/replay``, ``/stats``) and
+``episode_router`` (``/episodes``: create, step, evaluate, delete). What they share (configuration, tasks, the
+episode store, the worker pool, the counters) is one :class:`Service` on the app's state; ``create_app`` builds
+it and wires the routers, the error handlers and the lifespan (the expiry sweeper).
+
 Episodes live in worker processes (``env_service.workers``): a handler awaits its episode's worker, whose
 requests are serialized, so a step is atomic with respect to other requests, and the event loop (health checks
 included) keeps answering while BFCL code runs under the cost budget.
@@ -22,10 +28,11 @@ import logging
 import os
 import re
 import uuid
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import psutil
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -37,7 +44,8 @@ from env_service.config import ServiceConfig, StepLimit
 from env_service.episode import EpisodeStateError
 from env_service.http import loop_exception_handler, quiet
 from env_service.rules import DEFAULT_RULES, OFFICIAL
-from env_service.tasks import failing_twin_replies, ground_truth_replies, load_split, load_tasks, split_ids
+from env_service.store import EpisodeStore
+from env_service.tasks import Task, failing_twin_replies, ground_truth_replies, load_split, load_tasks, split_ids
 from env_service.workers import Handle, InProcessPool, WorkerPool
 
 log = logging.getLogger("env_service")
@@ -110,41 +118,197 @@ class Gate:
         return await self.app(scope, limited_receive, send)
 
 
-def create_app(config: ServiceConfig | None = None) -> FastAPI:
-    config = config or ServiceConfig()
-    tasks = load_tasks()
-    split = load_split(config.split_file)
-    train_ids = frozenset(split["train"])
-    from env_service.store import EpisodeStore
+@dataclass
+class Service:
+    """What the handlers share: the configuration, the task tables, the episode store, the worker pool and
+    the counters ``/stats`` reports. One per app, at ``app.state.service``."""
 
-    store = EpisodeStore(config.ttl_s, config.max_episodes)
-    # The task tables and imported modules are hundreds of thousands of long-lived objects; freezing them
-    # keeps full garbage collections (which would stall every open request) short, and keeps the pages the
-    # forked workers share with the service from being copied.
-    gc.collect()
-    gc.freeze()
-    pool = WorkerPool(config.workers, tasks, config.episode) if config.workers else InProcessPool(tasks, config.episode)
-    counters = {"created": 0, "evaluated": 0, "deleted": 0}
-    process = psutil.Process(os.getpid())
+    config: ServiceConfig
+    tasks: dict[str, Task]
+    split: dict[str, list[str]]
+    store: EpisodeStore
+    pool: WorkerPool | InProcessPool
+    counters: dict[str, int] = field(default_factory=lambda: {"created": 0, "evaluated": 0, "deleted": 0})
+    process: psutil.Process = field(default_factory=lambda: psutil.Process(os.getpid()))
 
-    @contextlib.asynccontextmanager
-    async def lifespan(_app: FastAPI):
-        async def sweep() -> None:
-            while True:
-                await asyncio.sleep(config.sweep_interval_s)
-                for handle in store.expire():
-                    await pool.drop(handle)
+    def episode(self, episode_id: str) -> Handle:
+        episode = self.store.get(episode_id)
+        if episode is None:
+            raise ApiError("unknown_episode", f"no open episode {episode_id!r} (finished, deleted or expired)")
+        return episode
 
-        asyncio.get_running_loop().set_exception_handler(loop_exception_handler)
-        sweeper = asyncio.create_task(sweep())
-        try:
-            yield
-        finally:
-            sweeper.cancel()
-            pool.close()
+    async def make_room(self) -> None:
+        """Expire idle episodes if the store is full; ``too_many_episodes`` if it still is."""
+        if not self.store.full():
+            return
+        for handle in self.store.expire():
+            await self.pool.drop(handle)
+        if self.store.full():
+            raise ApiError("too_many_episodes", f"{len(self.store)} episodes open; delete finished ones")
 
-    app = FastAPI(title="SEAL BFCL environment service", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.state.store, app.state.config, app.state.pool = store, config, pool
+
+def _service(request: Request) -> Service:
+    # Read from the app's state rather than through FastAPI's dependency injection, which costs more per
+    # request than the work of the cheap endpoints.
+    return request.app.state.service
+
+
+# --- the service itself: health, task lists, counters ---------------------------------------------
+
+service_router = APIRouter()
+
+
+@service_router.get("/healthz")
+async def healthz(request: Request) -> Response:
+    return _reply(p.HealthReply, {"status": "ok", "tasks": len(_service(request).tasks)})
+
+
+@service_router.get("/tasks")
+async def list_tasks(request: Request) -> Response:
+    service = _service(request)
+    name = request.query_params.get("split", "all")
+    try:
+        ids = split_ids(name, service.config.split_file) if name != "all" else list(service.tasks)
+    except ValueError as exc:
+        raise ApiError("unknown_split", str(exc)) from None
+    return _reply(p.TasksReply, {"task_ids": ids})
+
+
+@service_router.get("/tasks/{task_id}/replay")
+async def replay(task_id: str, request: Request) -> Response:
+    # Training tasks only: a held-out task's ground truth never leaves the service (the evaluation harness's
+    # own ground-truth self-check reads it in its own process).
+    service = _service(request)
+    if task_id not in service.tasks:
+        raise ApiError("unknown_task", f"no task {task_id!r}")
+    if task_id not in service.split["train"]:
+        raise ApiError("held_out_task", f"{task_id} is not a training task; its ground truth is not served")
+    return _reply(p.ReplayReply, {"task_id": task_id, "ground_truth": ground_truth_replies(task_id),
+                                  "failing_twin": failing_twin_replies(task_id)})
+
+
+@service_router.get("/stats")
+async def stats(request: Request) -> Response:
+    service = _service(request)
+    store, pool = service.store, service.pool
+    return _reply(
+        p.StatsReply,
+        {
+            "open_episodes": len(store),
+            "expired_total": store.expired_total,
+            **{f"{k}_total": v for k, v in service.counters.items()},
+            "rss_bytes": service.process.memory_info().rss + pool.rss_total(),
+            "budget_refusals_total": pool.refused,
+            "worker_restarts_total": pool.restarts,
+            "split_sizes": {k: len(v) for k, v in service.split.items()},
+        }
+    )
+
+
+# --- episodes ---------------------------------------------------------------------------------------
+
+episode_router = APIRouter(prefix="/episodes")
+
+
+def _episode_rules(req: p.CreateRequest, config: ServiceConfig) -> str:
+    """The rules profile a new episode runs under, after the checks that tie it to the mode and interface."""
+    if req.mode == "eval" and req.interface:
+        raise ApiError("interface_in_eval", "evaluation episodes always use the raw interface")
+    rules = req.rules or (config.eval_rules if req.mode == "eval" else DEFAULT_RULES)
+    if rules == OFFICIAL and req.interface:
+        raise ApiError("invalid_interface", "official rules use the raw interface (BFCL's prompt)")
+    return rules
+
+
+def _new_episode_id(req: p.CreateRequest, store: EpisodeStore) -> str:
+    episode_id = req.episode_id or uuid.uuid4().hex
+    if not EPISODE_ID.match(episode_id):
+        raise ApiError("invalid_episode_id", "episode_id must match [A-Za-z0-9_.-]{1,128}")
+    if episode_id in store:
+        raise ApiError("episode_exists", f"episode {episode_id!r} already exists")
+    return episode_id
+
+
+def _new_handle(req: p.CreateRequest, service: Service) -> Handle:
+    """Validate a create request against the service (the checks in the protocol's order) into a handle."""
+    task = service.tasks.get(req.task_id)
+    if task is None:
+        raise ApiError("unknown_task", f"no task {req.task_id!r}")
+    rules = _episode_rules(req, service.config)
+    try:
+        interface = iface.parse_interface(req.interface)
+    except iface.InterfaceError as exc:
+        raise ApiError("invalid_interface", str(exc)) from None
+    episode_id = _new_episode_id(req, service.store)
+    limit = StepLimit(**req.step_limit.model_dump()) if req.step_limit else None
+    return Handle(episode_id, -1, task.id, req.mode, interface, limit, rules=rules)
+
+
+@episode_router.post("")
+async def create_episode(request: Request) -> Response:
+    service = _service(request)
+    req = _parse(p.CreateRequest, await request.body())
+    handle = _new_handle(req, service)
+    await service.make_room()
+    service.store.add(handle)
+    try:
+        messages, tools = await service.pool.create(handle)
+    except BaseException:
+        service.store.remove(handle.id)
+        raise
+    service.counters["created"] += 1
+    task = service.tasks[handle.task_id]
+    step_limit = handle.step_limit or service.config.episode.step_limit
+    info = {
+        "category": task.category,
+        "num_turns": task.num_turns,
+        "mode": req.mode,
+        "interface_version": handle.interface.version,
+        "step_limit": {"scope": step_limit.scope, "max_steps": step_limit.max_steps},
+        "rules": handle.rules,
+    }
+    return _reply(p.CreateReply, {"episode_id": handle.id, "messages": messages, "tools": tools,
+                                  "info": info}, 201)
+
+
+@episode_router.post("/{episode_id}/step")
+async def step_episode(episode_id: str, request: Request) -> Response:
+    service = _service(request)
+    req = _parse(p.StepRequest, await request.body())
+    handle = service.episode(episode_id)
+    try:
+        return _reply(p.StepReply, await service.pool.step(handle, req.content))
+    except EpisodeStateError as exc:
+        raise ApiError("episode_finished", str(exc)) from None
+
+
+@episode_router.post("/{episode_id}/evaluate")
+async def evaluate_episode(episode_id: str, request: Request) -> Response:
+    service = _service(request)
+    handle = service.episode(episode_id)
+    first = not handle.evaluated
+    result = await service.pool.evaluate(handle)
+    handle.evaluated = True
+    service.counters["evaluated"] += first
+    return _reply(p.EvaluateReply, result)
+
+
+@episode_router.delete("/{episode_id}")
+async def delete_episode(episode_id: str, request: Request) -> Response:
+    service = _service(request)
+    handle = service.store.get(episode_id)
+    if handle is None or not service.store.remove(episode_id):
+        raise ApiError("unknown_episode", f"no open episode {episode_id!r}")
+    await service.pool.drop(handle)
+    service.counters["deleted"] += 1
+    return Response(status_code=204)
+
+
+# --- the app ----------------------------------------------------------------------------------------
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error leaves as ``{"error": {"code", "message"}}`` with the status of its code."""
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError) -> Response:
@@ -164,129 +328,48 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
         quiet(f"env_service: unexpected error in {request.method} {request.url.path}: {type(exc).__name__}: {exc}")
         return _error(500, "internal_error", f"{type(exc).__name__}: {str(exc)[:200]}")
 
-    def episode_or_404(episode_id: str) -> Handle:
-        episode = store.get(episode_id)
-        if episode is None:
-            raise ApiError("unknown_episode", f"no open episode {episode_id!r} (finished, deleted or expired)")
-        return episode
 
-    @app.get("/healthz")
-    async def healthz() -> Response:
-        return _reply(p.HealthReply, {"status": "ok", "tasks": len(tasks)})
+def _lifespan(service: Service):
+    """The app's lifetime: a sweeper expires idle episodes every ``sweep_interval_s``; the pool closes at the end."""
 
-    @app.get("/tasks")
-    async def list_tasks(request: Request) -> Response:
-        name = request.query_params.get("split", "all")
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        async def sweep() -> None:
+            while True:
+                await asyncio.sleep(service.config.sweep_interval_s)
+                for handle in service.store.expire():
+                    await service.pool.drop(handle)
+
+        asyncio.get_running_loop().set_exception_handler(loop_exception_handler)
+        sweeper = asyncio.create_task(sweep())
         try:
-            ids = split_ids(name, config.split_file) if name != "all" else list(tasks)
-        except ValueError as exc:
-            raise ApiError("unknown_split", str(exc)) from None
-        return _reply(p.TasksReply, {"task_ids": ids})
+            yield
+        finally:
+            sweeper.cancel()
+            service.pool.close()
 
-    @app.get("/tasks/{task_id}/replay")
-    async def replay(task_id: str) -> Response:
-        # Training tasks only: a held-out task's ground truth never leaves the service (the evaluation
-        # harness's own ground-truth self-check reads it in-process).
-        if task_id not in tasks:
-            raise ApiError("unknown_task", f"no task {task_id!r}")
-        if task_id not in train_ids:
-            raise ApiError("held_out_task", f"{task_id} is not a training task; its ground truth is not served")
-        return _reply(p.ReplayReply, {"task_id": task_id, "ground_truth": ground_truth_replies(task_id),
-                                      "failing_twin": failing_twin_replies(task_id)})
+    return lifespan
 
-    @app.get("/stats")
-    async def stats() -> Response:
-        return _reply(
-            p.StatsReply,
-            {
-                "open_episodes": len(store),
-                "expired_total": store.expired_total,
-                **{f"{k}_total": v for k, v in counters.items()},
-                "rss_bytes": process.memory_info().rss + pool.rss_total(),
-                "budget_refusals_total": pool.refused,
-                "worker_restarts_total": pool.restarts,
-                "split_sizes": {k: len(v) for k, v in split.items()},
-            }
-        )
 
-    @app.post("/episodes")
-    async def create_episode(request: Request) -> Response:
-        req = _parse(p.CreateRequest, await request.body())
-        task = tasks.get(req.task_id)
-        if task is None:
-            raise ApiError("unknown_task", f"no task {req.task_id!r}")
-        if req.mode == "eval" and req.interface:
-            raise ApiError("interface_in_eval", "evaluation episodes always use the raw interface")
-        rules = req.rules or (config.eval_rules if req.mode == "eval" else DEFAULT_RULES)
-        if rules == OFFICIAL and req.interface:
-            raise ApiError("invalid_interface", "official rules use the raw interface (BFCL's prompt)")
-        try:
-            interface = iface.parse_interface(req.interface)
-        except iface.InterfaceError as exc:
-            raise ApiError("invalid_interface", str(exc)) from None
-        episode_id = req.episode_id or uuid.uuid4().hex
-        if not EPISODE_ID.match(episode_id):
-            raise ApiError("invalid_episode_id", "episode_id must match [A-Za-z0-9_.-]{1,128}")
-        if episode_id in store:
-            raise ApiError("episode_exists", f"episode {episode_id!r} already exists")
-        if store.full():
-            for handle in store.expire():
-                await pool.drop(handle)
-            if store.full():
-                raise ApiError("too_many_episodes", f"{len(store)} episodes open; delete finished ones")
-        limit = StepLimit(**req.step_limit.model_dump()) if req.step_limit else None
-        handle = Handle(episode_id, -1, task.id, req.mode, interface, limit, rules=rules)
-        store.add(handle)
-        try:
-            messages, tools = await pool.create(handle)
-        except BaseException:
-            store.remove(episode_id)
-            raise
-        counters["created"] += 1
-        step_limit = limit or config.episode.step_limit
-        return _reply(
-            p.CreateReply,
-            {
-                "episode_id": episode_id,
-                "messages": messages,
-                "tools": tools,
-                "info": {
-                    "category": task.category,
-                    "num_turns": task.num_turns,
-                    "mode": req.mode,
-                    "interface_version": interface.version,
-                    "step_limit": {"scope": step_limit.scope, "max_steps": step_limit.max_steps},
-                    "rules": rules,
-                },
-            },
-            201,
-        )
+def _start_service(config: ServiceConfig) -> Service:
+    tasks = load_tasks()
+    split = load_split(config.split_file)
+    store = EpisodeStore(config.ttl_s, config.max_episodes)
+    # The task tables and imported modules are hundreds of thousands of long-lived objects; freezing them
+    # keeps full garbage collections (which would stall every open request) short, and keeps the pages the
+    # forked workers share with the service from being copied.
+    gc.collect()
+    gc.freeze()
+    pool = WorkerPool(config.workers, tasks, config.episode) if config.workers else InProcessPool(tasks, config.episode)
+    return Service(config, tasks, split, store, pool)
 
-    @app.post("/episodes/{episode_id}/step")
-    async def step_episode(episode_id: str, request: Request) -> Response:
-        req = _parse(p.StepRequest, await request.body())
-        handle = episode_or_404(episode_id)
-        try:
-            return _reply(p.StepReply, await pool.step(handle, req.content))
-        except EpisodeStateError as exc:
-            raise ApiError("episode_finished", str(exc)) from None
 
-    @app.post("/episodes/{episode_id}/evaluate")
-    async def evaluate_episode(episode_id: str) -> Response:
-        handle = episode_or_404(episode_id)
-        first = not handle.evaluated
-        result = await pool.evaluate(handle)
-        handle.evaluated = True
-        counters["evaluated"] += first
-        return _reply(p.EvaluateReply, result)
-
-    @app.delete("/episodes/{episode_id}")
-    async def delete_episode(episode_id: str) -> Response:
-        handle = store.get(episode_id)
-        if handle is None or not store.remove(episode_id):
-            raise ApiError("unknown_episode", f"no open episode {episode_id!r}")
-        await pool.drop(handle)
-        counters["deleted"] += 1
-        return Response(status_code=204)
-
+def create_app(config: ServiceConfig | None = None) -> Gate:
+    config = config or ServiceConfig()
+    service = _start_service(config)
+    app = FastAPI(title="SEAL BFCL environment service", lifespan=_lifespan(service), docs_url=None, redoc_url=None)
+    app.state.service = service
+    _add_error_handlers(app)
+    app.include_router(service_router)
+    app.include_router(episode_router)
     return Gate(app, config.max_body_bytes, config.token)

@@ -1,7 +1,7 @@
 """Writers for synthetic run and evaluation directories (docs/run_directory.md), for the report tests.
 
 The numbers these write are chosen by the test (counts of correct tasks, tag plans); the summaries are
-computed here with the textbook formulas, independently of ``seal.eval.results`` and ``seal.report.stats``, so
+computed here with the textbook formulas, independently of ``seal.eval.results`` and ``seal.eval.stats``, so
 a test can compare the code under test against hand-computed values.
 """
 

@@ -2,6 +2,7 @@
 
 Rules, checked on every tracked text file outside `data/`:
 
+* No citation of the project's issue tracker (an issue number).
 * No citation of a document outside the checkout: the design and reference notes the project was started
   from (by file name, directory or "reference" section number), the workspace beside the checkout, or any
   relative path that climbs out of the repository (`..` past its root; the repository root's parent in code).
@@ -36,6 +37,8 @@ FORBIDDEN: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("the release-behaviour note", re.compile(r"seal-release-behavio[u]r", re.IGNORECASE)),
     ("the workspace beside the checkout", re.compile(r"\.\./share[d]\b|(?<![\w.-])share[d]/|/wor[k]/")),
     ("a path above the repository root", re.compile(r"\b(?:REPO|ROOT|REPO_ROOT)\.paren[t]\b")),
+    # The repository stands without the project's tracker: a page says what it means, not which ticket asked.
+    ("an issue of the tracker", re.compile(r"\bissu[e]s?\s*(?:no\.?\s*)?#?\s*\d+", re.IGNORECASE)),
 )
 
 _SECTION = r"§\s?\d+(?:\.\d+)*(?:\s?[–-]\s?§?\d+(?:\.\d+)*)?"
@@ -223,6 +226,7 @@ _PLACEHOLDERS = {
     "{W}": "/wo" + "rk/",
     "{RP}": "REPO" + ".parent",
     "{RB}": "seal-release-" + "behaviour",
+    "{I}": "iss" + "ue",
 }
 
 
@@ -251,6 +255,8 @@ PLANTED_PAGES = {
         ("tests/t.py", "SPLIT = {RP} / '{SH}' / 'x.json'", "above the repository root"),
         ("{D}b.md", "the file at {W}{SH}/data/x.json", "workspace beside the checkout"),
         ("exp/x.yaml", "# see {UP}{UP}outside/notes.txt", "climbs out of the checkout"),
+        ("{D}b.md", "## Extension ({I} 5, report scripts)", "an issue of the tracker"),
+        ("seal/x.py", "# fixed in {I}s #12", "an issue of the tracker"),
         ("seal/x.py", "# see {D}nowhere.md", "does not exist: " + plant("{D}nowhere.md")),
         ("seal/x.py", "# see {D}a.md {S}3", "has no section " + chr(0xA7) + "3"),
         ("seal/x.py", "# see {D}a.md {S}1.1", "has no section " + chr(0xA7) + "1.1"),

@@ -43,6 +43,7 @@ def test_verl_engine_without_gpu_stops_at_once(tmp_path):
     assert not (tmp_path / "SEAL").exists()  # stopped before writing anything or starting the service
 
 
+@pytest.mark.slow  # trains: the launcher, the env service and one PPO step
 def test_tiny_run_end_to_end(tmp_path):
     """1 step, 2 tasks x 2 rollouts, 2 validation tasks, through the launcher, which starts and stops the
     env service itself: service start, rollouts, grading, A-Patch, capability update, Ω evolution,

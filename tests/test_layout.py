@@ -1,7 +1,9 @@
 """The package layout's rules, checked on the source (docs/layout.md).
 
-* `seal.core` (the SEAL method) imports nothing from the engines, evaluation, reporting, rollout or
-  the recipe loader: it is pure code both engines call.
+* Layers: the env service and seal's subpackages stand in one order, `LAYERS`, lowest first; a module
+  may import from its own layer and the layers below it, never from a layer above (no upward arrow).
+* `seal.core` (the SEAL method) imports from seal nothing but itself and `seal.io_utils`: it is pure
+  code both engines call.
 * No import cycle between project modules. Every import counts — module level, inside functions and
   under `if TYPE_CHECKING:` — because a type-only cycle still couples two modules.
 * At most 8 modules at `seal/`'s top level (the rest lives in packages named for their concepts).
@@ -15,6 +17,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("seal", "env_service")
+
+# The allowed order, lowest first (docs/layout.md): each layer may import the layers before it, none after.
+# Reporting reads what evaluation writes, so it stands above it; the engines train with the recipe, the
+# rollout and the core; the env service knows nothing of the trainer.
+LAYERS = ("env_service", "seal.core", "seal.rollout", "seal.recipe", "seal.engines", "seal.eval", "seal.report")
 
 
 def _module_name(path: Path) -> str:
@@ -108,13 +115,50 @@ def test_no_import_cycles():
     assert cycles == [], f"import cycles between project modules: {cycles}"
 
 
+def layer_of(module: str) -> int | None:
+    """Index of `module`'s layer in LAYERS, None for modules outside every layer (seal's top-level modules)."""
+    for i, layer in enumerate(LAYERS):
+        if module == layer or module.startswith(layer + "."):
+            return i
+    return None
+
+
+def upward_arrows(graph: dict[str, set[str]]) -> list[str]:
+    out = []
+    for module, deps in sorted(graph.items()):
+        low = layer_of(module)
+        if low is None:
+            continue
+        for dep in sorted(deps):
+            high = layer_of(dep)
+            if high is not None and high > low:
+                out.append(f"{module} -> {dep} ({LAYERS[low]} may not import {LAYERS[high]})")
+    return out
+
+
+def test_no_upward_arrow_between_layers():
+    arrows = upward_arrows(import_graph())
+    assert arrows == [], "imports against the layer order " + " < ".join(LAYERS) + ":\n" + "\n".join(arrows)
+
+
+def test_every_seal_subpackage_has_a_layer():
+    # A new subpackage must be placed in the order, or the rule above would silently not see it.
+    subpackages = sorted(f"seal.{p.parent.name}" for p in (REPO / "seal").glob("*/__init__.py"))
+    assert [s for s in subpackages if s not in LAYERS] == []
+
+
+def test_the_layer_check_finds_upward_arrows():
+    # The rule is only as good as its check: an arrow down passes, one up is reported.
+    graph = {"seal.eval.results": {"seal.rollout.types", "seal.report.stats"}, "seal.report.tables": {"seal.eval.x"}}
+    assert upward_arrows(graph) == ["seal.eval.results -> seal.report.stats (seal.eval may not import seal.report)"]
+
+
 def test_core_is_pure():
-    forbidden = ("seal.engines", "seal.eval", "seal.report", "seal.rollout", "seal.recipe", "seal.evaluate",
-                 "seal.logging_utils", "seal.tiny_model", "seal.run_dir")
-    bad = {m: sorted(d for d in deps if d.startswith(forbidden))
+    allowed = ("seal.core", "seal.io_utils")
+    bad = {m: sorted(d for d in deps if d.startswith("seal") and not d.startswith(allowed))
            for m, deps in import_graph().items() if m.startswith("seal.core")}
     bad = {m: d for m, d in bad.items() if d}
-    assert bad == {}, f"seal.core must not import engines, evaluation, reporting, rollout or recipe code: {bad}"
+    assert bad == {}, f"seal.core may import from seal only itself and seal.io_utils: {bad}"
 
 
 def test_at_most_eight_top_level_modules():

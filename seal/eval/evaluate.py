@@ -24,7 +24,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,8 @@ from env_service.rules import DEFAULT_RULES, DESCRIPTIONS, OFFICIAL, RELEASE, RU
 from env_service.vocab import CATEGORIES
 from seal.eval.policies import Policy, PolicyError, PolicyOptions, ground_truth_steps, parse_policy
 from seal.eval.results import (
+    HELD_IN_HEADERS,
+    HELD_IN_METRICS,
     SUMMARY_FILE,
     ResultsLog,
     build_summary,
@@ -41,9 +43,7 @@ from seal.eval.results import (
     write_ordered,
     write_summary,
 )
-from seal.report import paper_numbers as pn
-from seal.report.stats import Estimate
-from seal.report.tables import format_estimate
+from seal.eval.stats import Estimate, format_estimate
 from seal.rollout.client import EnvClient, EnvClientError
 from seal.rollout.episode import play_episode, run_all
 from seal.rollout.types import RolloutLimits
@@ -192,8 +192,8 @@ def paper_row(summary: dict[str, Any]) -> str:
     """The paper's held-in row (Average, Base, Miss Func, Miss Param, Long Context) as a markdown table."""
     accuracy, stderr = summary["accuracy"], summary["stderr"]
     headers, cells = [], []
-    for key in pn.HELD_IN_METRICS:
-        headers.append(pn.HELD_IN_HEADERS[key])
+    for key in HELD_IN_METRICS:
+        headers.append(HELD_IN_HEADERS[key])
         cells.append(format_estimate(Estimate(accuracy[key], stderr.get(key))) if key in accuracy else "–")
     return "| " + " | ".join(headers) + " |\n|" + "---:|" * len(headers) + "\n| " + " | ".join(cells) + " |"
 
@@ -299,6 +299,38 @@ def evaluate(request: EvalRequest) -> dict[str, Any]:
     Records are appended to ``results.jsonl`` as tasks finish; SIGINT or SIGTERM stops the episodes (each is
     deleted on the service), writes the summary of the finished tasks with status ``interrupted`` and raises
     `EvaluationInterrupted`; ``resume=True`` keeps the records already in `out` and plays only the rest."""
+    run = _start(request)
+    _set_limits(run)
+    run.started = time.perf_counter()
+    try:
+        _play_on_service(run)
+    finally:
+        run.log_file.close()
+    return _finish(run)
+
+
+@dataclass
+class _Run:
+    """One evaluation in progress: what the steps of `evaluate` hand to each other."""
+
+    request: EvalRequest
+    rules: str
+    split: str  # the split's name, or "tasks" for an explicit task list
+    all_ids: list[str]  # every task of the evaluation
+    task_ids: list[str]  # those still to play (all of them unless resuming)
+    log_file: ResultsLog
+    options: PolicyOptions
+    policy: Policy
+    notes: list[str]
+    settings: ServiceSettings | None = None  # of the env service started here
+    budget: EpisodeBudget | None = None
+    started: float = 0.0
+    service_s: float = 0.0  # time spent starting the env service
+    interrupted: list[int] = field(default_factory=list)  # the signal that stopped it, if any
+
+
+def _start(request: EvalRequest) -> _Run:
+    """Check the request, open the results log (keeping earlier records when resuming), build the policy."""
     rules = check_rules(request.rules)
     all_ids = _task_list(request.split, request.tasks)
     split = request.split if not request.tasks else "tasks"
@@ -314,92 +346,120 @@ def evaluate(request: EvalRequest) -> dict[str, Any]:
              *request.extra_notes]
     if request.resume:
         notes.append(f"resumed: {len(kept)} task(s) kept from the earlier run, {len(task_ids)} played now")
-    settings = request.service
-    needed = max((ground_truth_steps(t) for t in task_ids), default=0) if policy.spec == "ground_truth" else 0
-    if rules == OFFICIAL:
-        settings = settings or ServiceSettings()
-        budget = EpisodeBudget(options.max_tokens_per_call, options.max_model_len,
-                               max_model_calls=_max_official_calls(task_ids) if task_ids else 1, official=True)
-    else:
-        if settings is None:
-            settings = ServiceSettings()
-            if needed > RELEASE_MAX_STEPS:
-                settings = ServiceSettings(max_steps=needed)
-                notes.append(f"ground_truth: per-episode step limit raised from the release's {RELEASE_MAX_STEPS} "
-                             f"to {needed}, the model calls of the longest ground-truth replay among these tasks "
-                             "(some train tasks need 34 calls in one turn)")
-            elif needed:
-                notes.append(f"ground_truth: the release's per-episode step limit {RELEASE_MAX_STEPS} covers the "
-                             f"longest ground-truth replay among these tasks ({needed} model calls); it is raised "
-                             "automatically when a replay needs more (train tasks need up to 37, 34 in one turn)")
-        budget = EpisodeBudget(options.max_tokens_per_call, options.max_model_len,
-                               max_model_calls=max(64, settings.max_steps + 1, needed + 1))
-    started = time.perf_counter()
-    interrupted: list[int] = []
+    return _Run(request, rules, split, all_ids, task_ids, log_file, options, policy, notes)
 
-    async def play(url: str) -> list[dict[str, Any]]:
-        loop = asyncio.get_running_loop()
-        main = asyncio.current_task()
 
-        def stop(signum: int) -> None:
-            interrupted.append(signum)
-            if main is not None:
-                main.cancel()
+def _set_limits(run: _Run) -> None:
+    """The env service's settings and the per-episode budget under the run's rules profile."""
+    options = run.options
+    ground_truth = run.policy.spec == "ground_truth"
+    needed = max((ground_truth_steps(t) for t in run.task_ids), default=0) if ground_truth else 0
+    if run.rules == OFFICIAL:
+        run.settings = run.request.service or ServiceSettings()
+        run.budget = EpisodeBudget(options.max_tokens_per_call, options.max_model_len,
+                                   max_model_calls=_max_official_calls(run.task_ids) if run.task_ids else 1,
+                                   official=True)
+        return
+    run.settings = run.request.service
+    if run.settings is None:
+        run.settings = _release_settings(needed, run.notes)
+    run.budget = EpisodeBudget(options.max_tokens_per_call, options.max_model_len,
+                               max_model_calls=max(64, run.settings.max_steps + 1, needed + 1))
 
-        installed = []
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(signum, stop, signum)
-                installed.append(signum)
+
+def _release_settings(needed: int, notes: list[str]) -> ServiceSettings:
+    """The release's service settings, its step limit raised when a ground-truth replay needs `needed` calls."""
+    if needed > RELEASE_MAX_STEPS:
+        notes.append(f"ground_truth: per-episode step limit raised from the release's {RELEASE_MAX_STEPS} "
+                     f"to {needed}, the model calls of the longest ground-truth replay among these tasks "
+                     "(some train tasks need 34 calls in one turn)")
+        return ServiceSettings(max_steps=needed)
+    if needed:
+        notes.append(f"ground_truth: the release's per-episode step limit {RELEASE_MAX_STEPS} covers the "
+                     f"longest ground-truth replay among these tasks ({needed} model calls); it is raised "
+                     "automatically when a replay needs more (train tasks need up to 37, 34 in one turn)")
+    return ServiceSettings()
+
+
+def _play_on_service(run: _Run) -> None:
+    """Play the remaining tasks against the external service (``env_url``) or one started here."""
+    url = run.request.env_url
+    if url:
+        run.notes.append(f"external env service {url} (its own step limit and availability apply"
+                         + (")" if run.rules == RELEASE else "; the official profile sets its own step rules)"))
+        _play(run, url)
+        return
+    if run.rules == RELEASE:
+        run.notes.append(run.settings.describe())
+    with local_env_service(run.settings) as local_url:
+        run.service_s = time.perf_counter() - run.started
+        _play(run, local_url)
+
+
+def _play(run: _Run, url: str) -> None:
+    if run.task_ids:
+        asyncio.run(_play_async(run, url))
+
+
+async def _play_async(run: _Run, url: str) -> None:
+    """Play the tasks, each record appended to the log as it finishes; a signal stops it (records kept)."""
+    with _cancel_on_signals(run.interrupted):
         try:
             async with EnvClient(url, timeout=600.0) as client:
                 try:
-                    return await evaluate_tasks(policy, client, task_ids, concurrency=request.concurrency,
-                                                budget=budget, progress=request.progress, rules=rules,
-                                                on_record=log_file.append)
+                    await evaluate_tasks(run.policy, client, run.task_ids, concurrency=run.request.concurrency,
+                                         budget=run.budget, progress=run.request.progress, rules=run.rules,
+                                         on_record=run.log_file.append)
                 finally:
-                    await policy.aclose()
+                    await run.policy.aclose()
         except asyncio.CancelledError:
-            if not interrupted:
+            if not run.interrupted:
                 raise
-            return []
-        finally:
-            for signum in installed:
-                loop.remove_signal_handler(signum)
 
-    def run(url: str) -> list[dict[str, Any]]:
-        return asyncio.run(play(url)) if task_ids else []
 
-    service_s = 0.0
+@contextlib.contextmanager
+def _cancel_on_signals(interrupted: list[int]) -> Iterator[None]:
+    """While inside: SIGINT/SIGTERM is appended to `interrupted` and cancels the running task (where the loop
+    can install handlers)."""
+    loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
+
+    def stop(signum: int) -> None:
+        interrupted.append(signum)
+        if main is not None:
+            main.cancel()
+
+    installed = []
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signum, stop, signum)
+            installed.append(signum)
     try:
-        if request.env_url:
-            notes.append(f"external env service {request.env_url} (its own step limit and availability apply"
-                         + (")" if rules == RELEASE else "; the official profile sets its own step rules)"))
-            run(request.env_url)
-        else:
-            if rules == RELEASE:
-                notes.append(settings.describe())
-            with local_env_service(settings) as url:
-                service_s = time.perf_counter() - started
-                run(url)
+        yield
     finally:
-        log_file.close()
+        for signum in installed:
+            loop.remove_signal_handler(signum)
+
+
+def _finish(run: _Run) -> dict[str, Any]:
+    """Rewrite the results in task order and write the summary; raise `EvaluationInterrupted` after a signal."""
     # Every record written, whether this run finished or not (the log holds the finished tasks).
-    finished = ResultsLog(request.out, resume=True)
+    finished = ResultsLog(run.request.out, resume=True)
     finished.close()
-    records = list(write_ordered(request.out, finished.kept, all_ids))
-    wall_s = time.perf_counter() - started
-    notes += self_check_notes(policy, records) + error_notes(records)
-    notes.append(f"timing: {wall_s:.1f} s in all, of which {service_s:.1f} s starting the env service")
-    status = "interrupted" if interrupted else "complete"
-    if interrupted:
-        missing = len(all_ids) - len(records)
-        notes.append(f"interrupted (signal {interrupted[0]}): {len(records)} of {len(all_ids)} tasks finished, "
-                     f"{missing} not played; rerun with --resume to finish")
-    summary = build_summary(records, request.policy, split, wall_s, notes, rules=rules, status=status)
-    write_summary(request.out, summary)
-    if interrupted:
-        raise EvaluationInterrupted(summary, interrupted[0])
+    records = list(write_ordered(run.request.out, finished.kept, run.all_ids))
+    wall_s = time.perf_counter() - run.started
+    notes = run.notes
+    notes += self_check_notes(run.policy, records) + error_notes(records)
+    notes.append(f"timing: {wall_s:.1f} s in all, of which {run.service_s:.1f} s starting the env service")
+    status = "interrupted" if run.interrupted else "complete"
+    if run.interrupted:
+        missing = len(run.all_ids) - len(records)
+        notes.append(f"interrupted (signal {run.interrupted[0]}): {len(records)} of {len(run.all_ids)} tasks "
+                     f"finished, {missing} not played; rerun with --resume to finish")
+    summary = build_summary(records, run.request.policy, run.split, wall_s, notes, rules=run.rules, status=status)
+    write_summary(run.request.out, summary)
+    if run.interrupted:
+        raise EvaluationInterrupted(summary, run.interrupted[0])
     return summary
 
 

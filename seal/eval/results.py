@@ -25,7 +25,7 @@ OOD records add ``bfcl_category``, ``scenario``, ``force_quit``, ``final_answer`
 ``tag_counts`` and ``label_counts`` per category, ``wall_s``, ``notes``; held-in summaries with all four
 BFCL V3 categories add ``average`` (mean of the category means) to ``accuracy`` and ``stderr``; OOD summaries
 add ``breakdown`` (per BFCL sub-category); ``--run`` adds ``checkpoint``. Standard errors follow
-``seal.report.stats``. OOD memory runs also write ``prereq_conversations.jsonl``.
+``seal.eval.stats``. OOD memory runs also write ``prereq_conversations.jsonl``.
 
 While an evaluation runs, each task's record is appended to ``results.jsonl`` as the task finishes
 (:class:`ResultsLog`), so an interrupted evaluation keeps every finished task and ``--resume`` plays only the
@@ -42,16 +42,28 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from env_service.vocab import CATEGORIES, category_of
-from seal.report.stats import Estimate, binomial_stderr, mean_estimate
+from seal.eval.stats import Estimate, binomial_stderr, mean_estimate
 from seal.rollout.types import Rollout
 from seal.run_dir import RunDir
 
 RESULTS_FILE = "results.jsonl"
 SUMMARY_FILE = "summary.json"
 AVERAGE = "average"
+# A held-in summary's accuracy keys, in the order tables print them, and their column headers.
+HELD_IN_METRICS: tuple[str, ...] = (AVERAGE, *CATEGORIES)
+HELD_IN_HEADERS: Mapping[str, str] = MappingProxyType(
+    {
+        AVERAGE: "Average",
+        "multi_turn_base": "Base",
+        "multi_turn_miss_func": "Miss Func",
+        "multi_turn_miss_param": "Miss Param",
+        "multi_turn_long_context": "Long Context",
+    }
+)
 
 
 class EvalDataError(ValueError):

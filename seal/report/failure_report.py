@@ -17,12 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from env_service.vocab import CATEGORIES, PAPER_LABELS, PROGRESS_TAGS
-from seal.eval.results import read_records, record_category, summary_from_results
-from seal.report.stats import Estimate, binomial_estimate, mean_estimate
-from seal.report.tables import format_delta, format_estimate
+from seal.eval.results import AVERAGE, read_records, record_category, summary_from_results
+from seal.eval.stats import Estimate, binomial_estimate, format_estimate, mean_estimate
+from seal.report.tables import format_delta
 
 ALL = "all"
-AVERAGE = "average"
 # results.jsonl field -> (heading, vocabulary whose order the rows follow)
 FIELDS: Mapping[str, tuple[str, tuple[str, ...]]] = {
     "failure_tags": ("Failure tags (progress vocabulary)", PROGRESS_TAGS),

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from env_service.vocab import CATEGORIES
+from seal.eval.results import HELD_IN_METRICS
 
 # --- row identity -------------------------------------------------------------------------------
 
@@ -134,17 +134,8 @@ def parse_row(key: str) -> Row:
 
 # --- metric keys --------------------------------------------------------------------------------
 
-AVERAGE = "average"
-HELD_IN_METRICS: tuple[str, ...] = (AVERAGE, *CATEGORIES)
-HELD_IN_HEADERS: Mapping[str, str] = MappingProxyType(
-    {
-        AVERAGE: "Average",
-        "multi_turn_base": "Base",
-        "multi_turn_miss_func": "Miss Func",
-        "multi_turn_miss_param": "Miss Param",
-        "multi_turn_long_context": "Long Context",
-    }
-)
+# The held-in keys (``average`` and the four categories, :data:`HELD_IN_METRICS`) are our evaluation
+# summaries' keys, defined with them in ``seal.eval.results``.
 
 # OOD sub-benchmarks, grouped by suite; a suite's average is the unweighted mean of its parts (this
 # reproduces the paper's averages, e.g. τ² 7B base (16.67 + 20.00 + 11.67) / 3 = 16.11).

@@ -24,18 +24,12 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from env_service.vocab import CATEGORIES, PAPER_LABELS, PROGRESS_TAGS
-from seal.eval.results import read_jsonl
-from seal.report.stats import binomial_stderr
+from seal.eval.results import AVERAGE, HELD_IN_HEADERS, read_jsonl
+from seal.eval.stats import binomial_stderr
 from seal.run_dir import METRICS_FILE
 
-AVERAGE = "average"
-PANEL_TITLES: Mapping[str, str] = {
-    "multi_turn_base": "Base",
-    "multi_turn_miss_func": "Miss Func",
-    "multi_turn_miss_param": "Miss Param",
-    "multi_turn_long_context": "Long Context",
-    AVERAGE: "Average",
-}
+# The figure's panels: the four categories, then their average.
+PANEL_TITLES: Mapping[str, str] = {metric: HELD_IN_HEADERS[metric] for metric in (*CATEGORIES, AVERAGE)}
 TAG_FRAC_PREFIX = "train/tag_frac/"
 
 

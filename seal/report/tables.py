@@ -2,7 +2,7 @@
 
 Pure functions do the work (summary -> estimates, formatting, rendering); ``load_held_in`` / ``load_ood``
 read evaluation directories through ``seal.eval.results`` (the schema, ``docs/run_directory.md``); the
-statistics come from ``seal.report.stats``. ``scripts/make_tables.py`` is the CLI.
+statistics and their printed form come from ``seal.eval.stats``. ``scripts/make_tables.py`` is the CLI.
 
 Numbers: our accuracies are fractions in [0, 1] and print as percent with two decimals and the binomial
 standard error, ``37.00 ± 4.83`` for 37/100; an average of k parts carries sqrt(Σ se²)/k. The paper
@@ -18,13 +18,10 @@ from typing import Any
 
 from env_service.rules import DESCRIPTIONS, RELEASE
 from env_service.vocab import CATEGORIES
-from seal.eval.results import EvalDataError, read_summary
+from seal.eval.results import AVERAGE, HELD_IN_HEADERS, HELD_IN_METRICS, EvalDataError, read_summary
+from seal.eval.stats import MISSING, Estimate, binomial_estimate, format_estimate, mean_estimate
 from seal.report import paper_numbers as pn
 from seal.report.paper_numbers import Row
-from seal.report.stats import Estimate, binomial_estimate, mean_estimate
-
-MISSING = "–"
-
 
 # Keys an OOD evaluation summary may carry under "accuracy" / "count" (docs/run_directory.md, extension).
 OOD_PARTS: tuple[str, ...] = tuple(part for parts in pn.OOD_SUITES.values() for part in parts)
@@ -45,12 +42,12 @@ def estimates_from_summary(summary: Mapping[str, Any], allowed: Iterable[str]) -
     counts = summary.get("count") or {}
     errors = summary.get("stderr") or {}
     allowed = set(allowed)
-    unknown = sorted(set(accuracy) - allowed - {pn.AVERAGE})
+    unknown = sorted(set(accuracy) - allowed - {AVERAGE})
     if unknown:
         raise ValueError(f"summary accuracy keys {unknown} are not among the expected {sorted(allowed)}")
     out: dict[str, Estimate] = {}
     for key, value in accuracy.items():
-        if key == pn.AVERAGE:
+        if key == AVERAGE:
             continue
         n = counts.get(key)
         if n is not None and (not isinstance(n, int) or isinstance(n, bool)):
@@ -67,16 +64,16 @@ def held_in_estimates(summary: Mapping[str, Any]) -> dict[str, Estimate]:
     """
     out = estimates_from_summary(summary, CATEGORIES)
     if all(c in out for c in CATEGORIES):
-        out[pn.AVERAGE] = mean_estimate([out[c] for c in CATEGORIES])
-        given = summary["accuracy"].get(pn.AVERAGE)
-        if given is not None and abs(float(given) - out[pn.AVERAGE].value) > 1e-4:
+        out[AVERAGE] = mean_estimate([out[c] for c in CATEGORIES])
+        given = summary["accuracy"].get(AVERAGE)
+        if given is not None and abs(float(given) - out[AVERAGE].value) > 1e-4:
             raise ValueError(
                 f"summary average {given} differs from the mean of its category accuracies "
-                f"{out[pn.AVERAGE].value:.6f}"
+                f"{out[AVERAGE].value:.6f}"
             )
-    elif pn.AVERAGE in summary["accuracy"]:
-        average = summary["accuracy"][pn.AVERAGE]
-        out[pn.AVERAGE] = Estimate(float(average), (summary.get("stderr") or {}).get(pn.AVERAGE))
+    elif AVERAGE in summary["accuracy"]:
+        average = summary["accuracy"][AVERAGE]
+        out[AVERAGE] = Estimate(float(average), (summary.get("stderr") or {}).get(AVERAGE))
     return out
 
 
@@ -99,16 +96,6 @@ def ood_estimates(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Estimate]
 
 
 # --- formatting ---------------------------------------------------------------------------------
-
-
-def format_estimate(estimate: Estimate | None) -> str:
-    """``37.00 ± 4.83`` (percent), ``37.00`` without a standard error, ``–`` without data."""
-    if estimate is None:
-        return MISSING
-    text = f"{100.0 * estimate.value:.2f}"
-    if estimate.stderr is not None:
-        text += f" ± {100.0 * estimate.stderr:.2f}"
-    return text
 
 
 def format_percent(value: float | None) -> str:
@@ -194,8 +181,8 @@ def render_table(spec: TableSpec, ours: Mapping[Row, Mapping[str, Estimate]]) ->
 def held_in_spec() -> TableSpec:
     return TableSpec(
         title="BFCL V3 multi-turn (held-in, 400 tasks, 100 per category), success %",
-        metrics=pn.HELD_IN_METRICS,
-        headers=pn.HELD_IN_HEADERS,
+        metrics=HELD_IN_METRICS,
+        headers=HELD_IN_HEADERS,
         paper={row: scores.as_metrics() for row, scores in pn.HELD_IN.items()},
         trainings=(pn.BASE, pn.VANILLA_RL, pn.SEAL),
     )
@@ -216,8 +203,8 @@ def ood_spec() -> TableSpec:
 def ablation_spec() -> TableSpec:
     return TableSpec(
         title="Ablation (Qwen2.5-7B-Instruct, BFCL V3 held-in), success %",
-        metrics=pn.HELD_IN_METRICS,
-        headers=pn.HELD_IN_HEADERS,
+        metrics=HELD_IN_METRICS,
+        headers=HELD_IN_HEADERS,
         paper={row: scores.as_metrics() for row, scores in pn.ABLATION.items()},
         trainings=(pn.WO_ENV_ADAPTATION, pn.WO_REWEIGHTING, pn.WO_CLOSED_LOOP),
     )

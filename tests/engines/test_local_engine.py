@@ -213,6 +213,7 @@ BEYOND = ("data.sampler=failure_profile", "seal.adaptive.rho=adaptive", "seal.ad
           "seal.adaptive.task_min_attempts=1")
 
 
+@pytest.mark.slow  # trains and resumes the tiny model
 @pytest.mark.parametrize("extra", [(), BEYOND], ids=["seal", "adaptive_curriculum_task_weights"])
 def test_resume_continues_exactly(tmp_path, tiny, service_url, extra):
     from transformers import AutoTokenizer

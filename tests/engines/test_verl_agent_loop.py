@@ -157,6 +157,7 @@ def worker_run(recipe, tok, tmp_path_factory):
             "controller": controller}
 
 
+@pytest.mark.slow  # verl's agent-loop worker playing episodes against the env service (the module fixture)
 def test_worker_outputs_are_token_exact_and_carry_the_diagnosis(worker_run, tok):
     out, server = worker_run["out"], worker_run["server"]
     assert len(out) == len(worker_run["rows"]) == 4
@@ -204,6 +205,7 @@ def test_worker_outputs_are_token_exact_and_carry_the_diagnosis(worker_run, tok)
     assert all(p["temperature"] == 1.0 and p["max_tokens"] == 4096 and p["logprobs"] for p in server.params)
 
 
+@pytest.mark.slow  # verl's agent-loop worker playing episodes against the env service (the module fixture)
 def test_advantage_step_on_agent_loop_outputs(worker_run, recipe):
     """verl GRPO per task group (1 success, 1 failure: +-1/sqrt(2)) scaled by each row's A-Patch weight."""
     out = worker_run["out"]

@@ -52,6 +52,7 @@ def tq_cluster():
             ray.shutdown()
 
 
+@pytest.mark.slow  # starts Ray and TransferQueue
 def test_tq_worker_writes_every_field_the_advantage_step_reads(tq_cluster, service_url, tmp_path):
     from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
     from verl.utils.tensordict_utils import assign_non_tensor_data

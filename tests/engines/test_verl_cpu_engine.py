@@ -91,6 +91,7 @@ def _packed_vs_padded(model_dir: str, port: int, queue) -> None:  # runs in the 
         queue.put({"error": f"{exc!r}\n{traceback.format_exc()}"})
 
 
+@pytest.mark.slow  # verl's FSDP2 engine in a spawned process
 def test_remove_padding_forward_under_sdpa_matches_unpacked(tmp_path):
     import torch
 

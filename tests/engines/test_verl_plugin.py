@@ -42,6 +42,7 @@ def test_plugin_import_is_cheap():
     assert proc.returncode == 0 and "CHEAP" in proc.stdout, proc.stderr[-2000:]
 
 
+@pytest.mark.slow  # a fresh interpreter importing verl
 def test_registers_through_verl_external_modules():
     """`import verl` loads the plugin named in VERL_USE_EXTERNAL_MODULES (what the engine sets for Ray)."""
     proc = run_python("import verl\n" + CHECK_REGISTERED, VERL_USE_EXTERNAL_PLUGINS="none",
@@ -49,6 +50,7 @@ def test_registers_through_verl_external_modules():
     assert proc.returncode == 0 and "REGISTERED" in proc.stdout, proc.stderr[-3000:]
 
 
+@pytest.mark.slow  # a fresh interpreter importing verl
 def test_registers_when_verl_was_imported_first():
     proc = run_python(textwrap.dedent("""
         import sys
@@ -61,6 +63,7 @@ def test_registers_when_verl_was_imported_first():
     assert proc.returncode == 0 and "REGISTERED" in proc.stdout, proc.stderr[-3000:]
 
 
+@pytest.mark.slow  # a fresh interpreter importing verl
 def test_entry_point_when_installed():
     from importlib.metadata import entry_points
 
@@ -70,6 +73,7 @@ def test_entry_point_when_installed():
     assert proc.returncode == 0 and "REGISTERED" in proc.stdout, proc.stderr[-3000:]
 
 
+@pytest.mark.slow  # starts Ray
 def test_plugin_registers_inside_a_ray_worker():
     """A Ray worker started with the engine's runtime environment sees both registrations."""
     ray = pytest.importorskip("ray")

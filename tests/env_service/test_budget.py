@@ -38,20 +38,25 @@ DOUBLINGS = calls(
 
 
 class HealthWatch(threading.Thread):
+    """Asks /healthz over and over, counting the answers that came while `action_open` was set: a health check
+    sent and answered inside the action shows the event loop kept serving while BFCL code ran."""
+
     def __init__(self, url: str) -> None:
         super().__init__(daemon=True)
-        self.url, self.worst, self.failures, self.stop = url, 0.0, 0, threading.Event()
+        self.url, self.failures, self.stop = url, 0, threading.Event()
+        self.action_open = threading.Event()
+        self.answered_during_action = 0
 
     def run(self) -> None:
-        with httpx.Client(timeout=5.0) as client:
+        with httpx.Client(timeout=30.0) as client:
             while not self.stop.is_set():
-                started = time.perf_counter()
+                sent_inside = self.action_open.is_set()
                 try:
                     ok = client.get(f"{self.url}/healthz").status_code == 200
                 except httpx.HTTPError:
                     ok = False
-                self.worst = max(self.worst, time.perf_counter() - started)
                 self.failures += not ok
+                self.answered_during_action += ok and sent_inside and self.action_open.is_set()
                 time.sleep(0.05)
 
 
@@ -80,17 +85,20 @@ def test_an_action_over_budget_ends_only_its_episode():
         watch = HealthWatch(url)
         watch.start()
         try:
-            started = time.monotonic()
+            watch.action_open.set()
             reply = _step(client, culprit, calls(("find", {"path": "."})))
-            elapsed = time.monotonic() - started
+            watch.action_open.clear()
         finally:
             watch.stop.set()
             watch.join()
+        # Cut off by the budget (the worker killed and restarted), not run to its end.
         assert reply["done"] and reply["info"]["error_type"] == "budget_exceeded"
         assert reply["info"]["end_reason"] == "budget_exceeded"
         assert "cost budget" in reply["observation"]["content"]
-        assert elapsed < 15
-        assert watch.failures == 0 and watch.worst < 1.0, (watch.failures, watch.worst)
+        # The service kept answering health checks while the action ran (at least two sent and answered inside
+        # it: the action takes the 2 s wall budget, the checks come every 50 ms).
+        print(f"\nhealth checks answered during the action: {watch.answered_during_action}")
+        assert watch.failures == 0 and watch.answered_during_action >= 2, (watch.failures, watch.answered_during_action)
         stats = client.get("/stats").json()
         assert stats["worker_restarts_total"] == 1 and stats["budget_refusals_total"] == 1
         # graded as a failure with its own tag, without BFCL's checker

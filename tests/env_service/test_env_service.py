@@ -52,6 +52,7 @@ async def replay_all(url: str, task_ids: list[str], concurrency: int = 8) -> dic
     return results
 
 
+@pytest.mark.slow  # all 800 tasks replayed over HTTP
 def test_ground_truth_replay_all_800_over_http(service_url):
     results = asyncio.run(replay_all(service_url, sorted(load_tasks())))
     assert len(results) == 800

@@ -340,6 +340,7 @@ def _perturb(rng: random.Random, turns: list[list[dict]], pool: list[dict]) -> l
     return turns
 
 
+@pytest.mark.slow  # 2,000 trajectories graded twice (ours and BFCL's checker)
 def test_verdict_parity_with_bfcl_checker_on_perturbed_trajectories():
     rng = random.Random(1234)
     ids = sorted(TASKS)

@@ -1,21 +1,32 @@
-"""Parsing and error-feedback hardening: linear time on adversarial text, deep nesting is a parse error."""
+"""Parsing and error-feedback hardening: linear work on adversarial text, deep nesting is a parse error.
+
+Linear time is checked by counting the characters the text primitives read (tests/env_service/work.py), not by a
+clock; `scripts/bench_parsing.py` prints how long the same inputs take.
+"""
 
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
 from env_service import interface as iface
+from env_service import parser, tool_errors
 from env_service.parser import MAX_NESTING, nesting_depth, parse_tool_calls
-from env_service.tool_errors import classify_tool_error
+from env_service.tool_errors import MAX_CLASSIFIED_CHARS, classify_tool_error
+from tests.env_service.work import count_work, counted_text
+
+# Characters read per input character: the single pass reads each a bounded number of times (6 on the deepest
+# case below: the scan, the error path's second look, the copies kept as content); the quadratic parser this
+# replaced read every character once per unclosed tag, thousands of times on these inputs.
+READS_PER_CHAR = 8
 
 
-def _timed(fn, *args):
-    started = time.perf_counter()
-    result = fn(*args)
-    return result, time.perf_counter() - started
+def _parse_counted(monkeypatch, text):
+    work = count_work(monkeypatch, parser)
+    parsed = parse_tool_calls(counted_text(text, work))
+    monkeypatch.undo()
+    return parsed, work
 
 
 def test_close_tag_inside_a_json_string_is_accepted():
@@ -38,18 +49,21 @@ def test_close_tag_inside_a_json_string_is_accepted():
         "x" * 500_000 + "<tool_call>",
     ],
 )
-def test_adversarial_messages_parse_in_linear_time(text):
-    parsed, seconds = _timed(parse_tool_calls, text)
+def test_adversarial_messages_parse_in_linear_work(text, monkeypatch):
+    parsed, work = _parse_counted(monkeypatch, text)
     assert parsed.error and not parsed.calls
-    assert seconds < 0.5, seconds  # quadratic was 18 s for the first one
+    assert parsed == parse_tool_calls(text)  # counting changes nothing
+    assert work.chars <= READS_PER_CHAR * len(text), (work.chars, len(text))  # one find per tag: ~4,000 per char
 
 
-def test_many_valid_blocks_scale_linearly():
+def test_many_valid_blocks_scale_linearly(monkeypatch):
     block = '<tool_call>{"name": "ls", "arguments": {}}</tool_call>'
-    small, t_small = _timed(parse_tool_calls, block * 500)
-    large, t_large = _timed(parse_tool_calls, block * 5_000)
+    small, small_work = _parse_counted(monkeypatch, block * 500)
+    large, large_work = _parse_counted(monkeypatch, block * 5_000)
     assert len(small.calls) == 500 and len(large.calls) == 5_000
-    assert t_large < max(1.0, 30 * t_small)
+    # ten times the blocks, ten times the work: characters read and primitive calls alike
+    assert large_work.chars <= 10 * small_work.chars and large_work.calls <= 10 * small_work.calls
+    assert small_work.chars <= READS_PER_CHAR * len(block * 500)
 
 
 @pytest.mark.parametrize("depth", [MAX_NESTING + 1, 5_000, 200_000])
@@ -86,8 +100,23 @@ def test_long_model_names_are_cut_in_error_messages():
         ("unavailable_tool", "'" + "a (" * 20_000 + "' is not an available tool"),
     ],
 )
-def test_error_feedback_is_cheap_on_long_text(kind, message):
-    hint, seconds = _timed(iface.error_feedback, kind, message, "a" * 50_000, ["ls", "cd"])
-    assert hint and seconds < 0.5, seconds  # quadratic: 26 s for the first one
-    _, seconds = _timed(classify_tool_error, message)
-    assert seconds < 0.5, seconds
+def test_error_feedback_is_cheap_on_long_text(kind, message, monkeypatch):
+    hint_rules = [rule.pattern for rule, _ in iface._PARSE_RULES]
+    family_rules = [rule.pattern for _, rule in tool_errors._FAMILY_RULES]
+    reads = {}
+    for scale in (1, 10):
+        long_message = message * scale
+        work = count_work(monkeypatch, iface, tool_errors)
+        hint = iface.error_feedback(kind, counted_text(long_message, work), "a" * 50_000, ["ls", "cd"])
+        feedback = work.chars
+        classify_tool_error(counted_text(long_message, work))
+        monkeypatch.undo()
+        assert hint == iface.error_feedback(kind, long_message, "a" * 50_000, ["ls", "cd"])
+        # The rules that can backtrack (a lazy pattern backtracked per word: 26 s before the bound) only ever see
+        # a bounded head of the text, however long it is.
+        assert all(work.by_pattern.get(p, 0) <= iface.MAX_MATCHED_CHARS for p in hint_rules), work.by_pattern
+        assert all(work.by_pattern.get(p, 0) <= MAX_CLASSIFIED_CHARS for p in family_rules), work.by_pattern
+        reads[scale] = (feedback, work.chars - feedback)
+    # ten times the text: at most ten times the work for the hint, the same work for the family
+    assert reads[10][0] <= 10 * reads[1][0], reads
+    assert reads[10][1] == reads[1][1], reads

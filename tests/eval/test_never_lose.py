@@ -65,18 +65,16 @@ def test_any_reply_from_any_endpoint_is_that_tasks_error_and_the_run_goes_on(ser
                 finally:
                     await policy.aclose()
 
-        started = time.perf_counter()
         records = asyncio.run(play())
-        elapsed = time.perf_counter() - started
     by_model = {m: r for m, r in zip(models, records, strict=True)}
     for model in HOSTILE:
         record = by_model[model]
         assert record["accuracy"] == 0 and record["error"] and "PolicyError" in record["error"], (model, record)
+    # The trickling and the slow server are cut by the 3 s call deadline (the only source of this error), not by
+    # the 600 s socket timeout.
     assert "call deadline" in by_model["trickle"]["error"] and "call deadline" in by_model["slow"]["error"]
     assert "bytes" in by_model["huge"]["error"]
     assert by_model["done"]["error"] is None
-    # the trickling and the slow server are cut at the 3 s deadline, not at the 600 s socket timeout
-    assert elapsed < 25, elapsed
 
 
 def _evaluate_cli(*args: str) -> subprocess.Popen:

@@ -57,6 +57,7 @@ def memory_gt(tmp_path_factory):
     return out, ood.run_bfcl_v4_memory(policy, out, ("kv", "rec_sum"), progress=False)
 
 
+@pytest.mark.slow  # the full 310-task BFCL V4 memory benchmark (the module fixture)
 def test_memory_oracle_self_check_scores_100(memory_gt):
     out, summary = memory_gt
     assert summary["split"] == "bfcl_v4" and summary["n"] == 310
@@ -75,6 +76,7 @@ def test_memory_oracle_self_check_scores_100(memory_gt):
     assert ood_estimates([read_summary(out)])["memory"].value == 1.0
 
 
+@pytest.mark.slow  # the full 310-task BFCL V4 memory benchmark
 def test_memory_empty_scores_zero(tmp_path):
     summary = ood.run_bfcl_v4_memory(parse_policy("empty"), tmp_path, ("kv", "rec_sum"), progress=False)
     assert summary["accuracy"] == {"memory": 0.0} and summary["n"] == 310

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
-import time
 
 import httpx
 import pytest
@@ -14,7 +14,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from env_service.parser import parse_tool_calls
-from env_service.process import free_port
 from env_service.tasks import TURN_END_REPLY, ground_truth_replies, ground_truth_tool_calls, load_tasks
 from seal.eval import evaluate as ev
 from seal.eval.policies import ContextLimitReached, OpenAIChat, PolicyError, PolicyOptions, parse_policy
@@ -115,24 +114,24 @@ class FakeOpenAI:
             return {"id": "x", "object": "chat.completion", "model": body["model"],
                     "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
 
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="error"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        # The socket listens before the server runs: connections made while it starts wait in the backlog, so
+        # nothing has to wait for (or time) the start.
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="error"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.config.port}/v1"
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
 
     def __enter__(self):
         self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert time.monotonic() < deadline, "fake server did not start"
-            time.sleep(0.05)
         return self
 
     def __exit__(self, *exc):
         self.server.should_exit = True
         self.thread.join(timeout=10)
+        self.sock.close()
 
 
 def test_openai_policy_drives_tasks_with_tool_calls_and_malformed_replies(service_url, tmp_path):

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from env_service.vocab import CATEGORIES
-from seal.eval import results
+from seal.eval import results, stats
 from seal.report import paper_numbers as pn
-from seal.report import stats, tables
+from seal.report import tables
 from seal.report.paper_numbers import Row
 from tests.synthetic_runs import load_script, write_eval_dir
 
@@ -45,9 +45,9 @@ def cells_by_header(markdown: str, title_start: str, label: str) -> dict[str, st
 
 def test_binomial_formatting_hand_computed() -> None:
     # sqrt(0.37 * 0.63 / 100) = 0.048280 -> 4.83
-    assert tables.format_estimate(stats.binomial_estimate(0.37, 100)) == "37.00 ± 4.83"
-    assert tables.format_estimate(stats.Estimate(0.5)) == "50.00"
-    assert tables.format_estimate(None) == "–"
+    assert stats.format_estimate(stats.binomial_estimate(0.37, 100)) == "37.00 ± 4.83"
+    assert stats.format_estimate(stats.Estimate(0.5)) == "50.00"
+    assert stats.format_estimate(None) == "–"
     assert tables.format_delta(tables.delta_points(stats.Estimate(0.37), 58.0)) == "-21.00"
     assert tables.format_delta(tables.delta_points(stats.Estimate(0.4025), 40.25)) == "0.00"
     assert tables.format_delta(None) == "–"

@@ -3,8 +3,11 @@
 A success rate is an :class:`Estimate`: a fraction in [0, 1] with its standard error. A rate over ``n``
 graded tasks carries the binomial error sqrt(p (1 - p) / n); an unweighted mean of k independent rates (the
 held-in average of the four categories, an OOD suite's average of its parts) carries sqrt(Σ se²) / k
-(``docs/run_directory.md``). Pure functions; evaluation (``seal.eval.results``) and the report modules
-(``seal.report.tables``, ``seal.report.plots``, ``seal.report.failure_report``) share them.
+(``docs/run_directory.md``), and prints as ``37.00 ± 4.83`` (percent) through :func:`format_estimate`. Pure
+functions; evaluation (``seal.eval.results``, ``seal.eval.evaluate``) and the report modules (``seal.report.tables``,
+``seal.report.plots``, ``seal.report.failure_report``) share them. They live beside the evaluation because the
+evaluation is what produces these numbers; the report only reads them (reporting imports evaluation, never the
+reverse: ``docs/layout.md``).
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+MISSING = "–"  # what a table cell prints where there is no number
 
 
 @dataclass(frozen=True)
@@ -61,3 +66,13 @@ def mean_estimate(parts: Sequence[Estimate]) -> Estimate:
     n = sum(counts) if len(counts) == k else None
     # Clamp float noise so the mean of fractions stays a fraction.
     return Estimate(min(max(value, 0.0), 1.0), stderr, n)
+
+
+def format_estimate(estimate: Estimate | None) -> str:
+    """``37.00 ± 4.83`` (percent), ``37.00`` without a standard error, ``–`` without data."""
+    if estimate is None:
+        return MISSING
+    text = f"{100.0 * estimate.value:.2f}"
+    if estimate.stderr is not None:
+        text += f" ± {100.0 * estimate.stderr:.2f}"
+    return text
