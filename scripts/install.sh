@@ -18,3 +18,7 @@ $PY -m pip install -e ".[${extras}]"
 # data and the multi-turn checker need only mpmath and filelock. The test extra adds the few its Qwen
 # handler and eval runner import (openai, tenacity, python-dotenv, tree-sitter*), for the oracle tests.
 $PY -m pip install --no-deps "bfcl-eval==2026.3.23" "mpmath==1.3.0" filelock
+# τ²-bench in its own venv (.venv-tau2): its end-to-end test drives the real τ² package there.
+if [ "${SEAL_SKIP_TAU2:-0}" != "1" ]; then
+  bash scripts/install_tau2.sh
+fi

@@ -1,4 +1,4 @@
-"""Out-of-distribution harnesses: BFCL V4 Memory and Web Search (agentic), τ²-bench (not runnable here).
+"""Out-of-distribution harnesses: BFCL V4 Memory and Web Search (agentic); τ²-bench is ``seal.eval.tau2``.
 
 BFCL V4 agentic categories, played the way BFCL's own runner plays them (``bfcl_eval`` 2026.3.23:
 ``model_handler/base_handler.py``, ``utils.py``, ``eval_checker/eval_runner.py``), with our tool-call protocol:
@@ -46,7 +46,7 @@ from env_service.parser import format_tool_call
 from seal.eval.policies import EMPTY_REPLY, Agent, Message, Policy, PolicyError, PolicyOptions, parse_policy
 from seal.eval.results import ood_summary, write_eval_dir
 
-BENCHMARKS = ("bfcl_v4_memory", "bfcl_v4_web_search", "tau2_retail", "tau2_airline", "tau2_telecom")
+BENCHMARKS = ("bfcl_v4_memory", "bfcl_v4_web_search")  # τ²-bench: seal.eval.tau2 (its own environment)
 MEMORY_BACKENDS = ("kv", "rec_sum", "vector")
 WEB_SEARCH_CATEGORIES = ("web_search_base", "web_search_no_snippet")
 MAXIMUM_STEP_LIMIT = 20  # bfcl_eval.constants.default_prompts.MAXIMUM_STEP_LIMIT (checked in tests)
@@ -534,25 +534,12 @@ def run_bfcl_v4_web_search(policy: Policy, out: Path, tasks: Sequence[str] | Non
     return summary
 
 
-TAU2_HOWTO = (
-    "τ²-bench ({domain}) is not runnable from this repository: its harness is a separate package "
-    "(sierra-research/tau2-bench, Python >= 3.12, not in this environment) and every task needs a user-simulator "
-    "LLM endpoint besides the policy. To evaluate: serve the policy with an OpenAI-compatible server "
-    "(`vllm serve <checkpoint> --enable-auto-tool-choice --tool-call-parser hermes`), install tau2-bench in its own "
-    "environment, run its CLI for the domain with that server as the agent model and your user simulator "
-    "(`tau2 run --domain {domain} --agent-llm <model> --user-llm <simulator> ...`, see its README), then write an "
-    "OOD evaluation directory with key '{domain}' (docs/evaluation.md)."
-)
-
-
 def run_benchmark(benchmark: str, policy_spec: str, out: Path, *, options: PolicyOptions | None = None,
                   tasks: Sequence[str] | None = None, concurrency: int = 16, progress: bool = True,
                   memory_backends: Sequence[str] = ("kv", "rec_sum")) -> dict:
     """``python -m seal.evaluate --benchmark NAME``: run one OOD benchmark and write its directory."""
     if benchmark not in BENCHMARKS:
         raise ValueError(f"unknown benchmark {benchmark!r}; expected one of {BENCHMARKS}")
-    if benchmark.startswith("tau2_"):
-        raise OodUnavailable(TAU2_HOWTO.format(domain=benchmark.removeprefix("tau2_")))
     if benchmark == "bfcl_v4_memory" and "vector" in memory_backends:
         check_vector_backend()  # fail before a model is loaded
     if benchmark == "bfcl_v4_web_search":

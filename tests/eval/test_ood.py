@@ -184,13 +184,6 @@ def test_web_search_without_a_key_fails_clearly(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "summary.json").exists()
 
 
-@pytest.mark.parametrize("domain", ["retail", "airline", "telecom"])
-def test_tau2_fails_clearly(tmp_path, domain, capsys):
-    code = ev.main(["--benchmark", f"tau2_{domain}", "--policy", "empty", "--out", str(tmp_path)])
-    err = capsys.readouterr().err
-    assert code == 3 and "user-simulator" in err and f"--domain {domain}" in err
-
-
 def test_vector_backend_reports_what_it_needs(tmp_path):
     import importlib.util
 
