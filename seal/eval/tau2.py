@@ -259,13 +259,15 @@ def served_policy(config: Tau2Config, log_dir: Path):
 
 
 def _run_driver(python: Path, request: dict, work: Path, name: str) -> dict:
+    work = work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     request_file, report_file = work / f"{name}_request.json", work / f"{name}_report.json"
     request_file.write_text(json.dumps(request, indent=1), encoding="utf-8")
     report_file.unlink(missing_ok=True)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # τ²'s environment, not ours
     with open(work / f"{name}.log", "w", encoding="utf-8") as log:
-        done = subprocess.run([str(python), str(DRIVER), str(request_file), str(report_file)],
+        # -P: the driver's folder (seal/eval, with this module) must not shadow the τ² package
+        done = subprocess.run([str(python), "-P", str(DRIVER), str(request_file), str(report_file)], cwd=work,
                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
     if done.returncode != 0 or not report_file.is_file():
         tail = (work / f"{name}.log").read_text(encoding="utf-8", errors="replace")[-2000:]

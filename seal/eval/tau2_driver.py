@@ -1,6 +1,7 @@
 """Runs inside τ²'s own interpreter (``.venv-tau2``): plays one domain with τ²'s CLI and reports what ran.
 
-Started by ``seal.eval.tau2`` as ``<tau2-python> seal/eval/tau2_driver.py REQUEST.json REPORT.json``; it imports
+Started by ``seal.eval.tau2`` as ``<tau2-python> -P seal/eval/tau2_driver.py REQUEST.json REPORT.json`` (``-P``: this
+file's folder must not lead sys.path, where ``seal/eval/tau2.py`` would shadow the τ² package); it imports
 only the standard library and the installed τ² package, because τ²'s environment is not this project's (upstream
 tau2-bench needs Python >= 3.12 and pins its own litellm, pydantic, ...).
 
@@ -23,9 +24,6 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-
-# Python puts this file's folder first on sys.path, where seal/eval/tau2.py would shadow the τ² package.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 TASK_FILES = ("tasks.json", "split_tasks.json")
 # termination reasons τ²'s metrics exclude from pass^k (upstream 1.0: simulations that never ran)
