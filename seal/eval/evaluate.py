@@ -475,8 +475,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--backend", choices=["hf", "vllm"], default="hf", help="model backend for --run (default hf)")
     p.add_argument("--benchmark", help="an OOD benchmark instead of BFCL V3: bfcl_v4_memory, bfcl_v4_web_search, "
                    "tau2 (its own options: --benchmark tau2 --help)")
-    p.add_argument("--memory-backends", default="kv,rec_sum",
-                   help="bfcl_v4_memory backends to run (kv, rec_sum, vector; default kv,rec_sum)")
+    p.add_argument("--memory-backends", default="kv,rec_sum,vector",
+                   help="bfcl_v4_memory backends to run (default all three: BFCL's Memory is their mean)")
     p.add_argument("--rules", choices=list(RULES), default=DEFAULT_RULES,
                    help="rules profile of every episode: official = BFCL's own multi-turn pipeline (the number to "
                    "compare with the leaderboard and BFCL-CLI papers); release = the authors' training "
