@@ -13,7 +13,7 @@ if [ "${SEAL_GPU:-0}" != "1" ]; then
 fi
 extras="test"
 [ "${SEAL_GPU:-0}" = "1" ] && extras="test,gpu"
-$PY -m pip install -e ".[${extras}]"
+$PY -m pip install -e ".[${extras}]"  # includes BFCL V4's memory_vector and web_search packages
 # bfcl-eval's declared dependencies drag in a CUDA torch and vendor SDKs; the executable classes,
 # data and the multi-turn checker need only mpmath and filelock. The test extra adds the few its Qwen
 # handler and eval runner import (openai, tenacity, python-dotenv, tree-sitter*), for the oracle tests.

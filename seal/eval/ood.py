@@ -17,6 +17,8 @@ BFCL V4 agentic categories, played the way BFCL's own runner plays them (``bfcl_
   parse, ends the turn (BFCL's FC runner: "Proceed to next turn"); calls execute on BFCL's classes through the env
   service's ``ToolExecutor`` (dispatch by validated name, BFCL's result text); more than 20 steps in a turn
   force-quits the conversation (BFCL's ``MAXIMUM_STEP_LIMIT``).
+- ``memory_vector``'s embedding model and ``web_search``'s SerpAPI client come through
+  ``seal.eval.bfcl_v4_backends`` (checked local weights; a base URL and a bound on BFCL's 429 retries).
 - Grading: BFCL's ``agentic_checker`` on the last reply of the question that is not a tool call (no such reply:
   invalid, as BFCL's ``agentic:no_last_message``). Memory accuracy = unweighted mean over backends, Web Search =
   mean of ``web_search_base`` and ``web_search_no_snippet`` (BFCL's summary).
