@@ -53,6 +53,7 @@ from seal.eval.bfcl_v4_backends import (
     check_vector_backend,
     check_web_search,
     load_vector_backend,
+    minilm_dir,
     minilm_provenance,
 )
 from seal.eval.policies import EMPTY_REPLY, Agent, Message, Policy, PolicyError, PolicyOptions, parse_policy
@@ -551,7 +552,8 @@ def run_benchmark(benchmark: str, policy_spec: str, out: Path, *, options: Polic
     if benchmark not in BENCHMARKS:
         raise ValueError(f"unknown benchmark {benchmark!r}; expected one of {BENCHMARKS}")
     if benchmark == "bfcl_v4_memory" and "vector" in memory_backends:
-        check_vector_backend()  # fail before a policy model is loaded
+        check_vector_backend()  # packages and weights checked before a policy model is loaded
+        minilm_dir()
     if benchmark == "bfcl_v4_web_search":
         check_web_search()
     policy = parse_policy(policy_spec, options)
