@@ -13,8 +13,12 @@ if [ "${SEAL_GPU:-0}" != "1" ]; then
 fi
 extras="test"
 [ "${SEAL_GPU:-0}" = "1" ] && extras="test,gpu"
-$PY -m pip install -e ".[${extras}]"
+$PY -m pip install -e ".[${extras}]"  # includes BFCL V4's memory_vector and web_search packages
 # bfcl-eval's declared dependencies drag in a CUDA torch and vendor SDKs; the executable classes,
 # data and the multi-turn checker need only mpmath and filelock. The test extra adds the few its Qwen
 # handler and eval runner import (openai, tenacity, python-dotenv, tree-sitter*), for the oracle tests.
 $PY -m pip install --no-deps "bfcl-eval==2026.3.23" "mpmath==1.3.0" filelock
+# τ²-bench in its own venv (.venv-tau2): its end-to-end test drives the real τ² package there.
+if [ "${SEAL_SKIP_TAU2:-0}" != "1" ]; then
+  bash scripts/install_tau2.sh
+fi

@@ -55,6 +55,12 @@ def main(argv: list[str] | None = None) -> int:
         help=f"comma-separated subset of {','.join(tables.TABLES)} (default: all)",
     )
     parser.add_argument("--out", type=Path, help="write markdown here (default: stdout)")
+    parser.add_argument(
+        "--allow-noncomparable-tau2",
+        action="store_true",
+        help="show tau2 runs that differ from the paper's protocol (code, task set, user simulator, ...), "
+        "labelled with what differs and without a delta; refused otherwise",
+    )
     args = parser.parse_args(argv)
 
     try:
@@ -67,9 +73,11 @@ def main(argv: list[str] | None = None) -> int:
             ood_pairs += more_ood
         held_in_dirs = tables.held_in_mapping(held_in_pairs)
         held_in = tables.load_held_in(held_in_dirs)
-        ood = tables.load_ood(tables.ood_mapping(ood_pairs))
+        ood_dirs = tables.ood_mapping(ood_pairs)
+        ood = tables.load_ood(ood_dirs, allow_noncomparable_tau2=args.allow_noncomparable_tau2)
         selected = [name.strip() for name in args.tables.split(",") if name.strip()]
-        markdown = tables.render_tables(held_in, ood, selected, rules=tables.held_in_rules(held_in_dirs))
+        markdown = tables.render_tables(held_in, ood, selected, rules=tables.held_in_rules(held_in_dirs),
+                                        ood_caveats=tables.tau2_caveats(ood_dirs))
     except (OSError, ValueError, yaml.YAMLError) as exc:
         print(f"make_tables: error: {exc}", file=sys.stderr)
         return 2

@@ -534,9 +534,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    "(into <run>/eval/last and <run>/eval/best)")
     p.add_argument("--backend", choices=["hf", "vllm"], default="hf", help="model backend for --run (default hf)")
     p.add_argument("--benchmark", help="an OOD benchmark instead of BFCL V3: bfcl_v4_memory, bfcl_v4_web_search, "
-                   "tau2_retail, tau2_airline, tau2_telecom")
-    p.add_argument("--memory-backends", default="kv,rec_sum",
-                   help="bfcl_v4_memory backends to run (kv, rec_sum, vector; default kv,rec_sum)")
+                   "tau2 (its own options: --benchmark tau2 --help)")
+    p.add_argument("--memory-backends", default="kv,rec_sum,vector",
+                   help="bfcl_v4_memory backends to run (default all three: BFCL's Memory is their mean)")
     p.add_argument("--rules", choices=list(RULES), default=DEFAULT_RULES,
                    help="rules profile of every episode: official = BFCL's own multi-turn pipeline (the number to "
                    "compare with the leaderboard and BFCL-CLI papers); release = the authors' training "
@@ -598,6 +598,10 @@ def _default_out(args: argparse.Namespace) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from seal.eval import tau2
+
+    if tau2.requested(sys.argv[1:] if argv is None else argv):  # τ² runs in its own environment, own options
+        return tau2.main(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     options = PolicyOptions(max_tokens_per_call=args.max_tokens_per_call, max_model_len=args.max_model_len,

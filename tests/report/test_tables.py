@@ -128,7 +128,8 @@ def test_ood_table_merges_suites_and_averages(tmp_path: Path) -> None:
         results=False,
         split="tau2",
     )
-    ood = tables.load_ood({"Qwen2.5-7B-Instruct+SEAL": [v4, tau]})
+    # a hand-written τ² summary records no protocol: shown only when asked, labelled (tests/eval/test_tau2.py)
+    ood = tables.load_ood({"Qwen2.5-7B-Instruct+SEAL": [v4, tau]}, allow_noncomparable_tau2=True)
     markdown = tables.render_tables({}, ood, ["ood"])
     cells = cells_by_header(markdown, "Out-of-distribution", "Qwen2.5-7B-Instruct + SEAL")
     # web 0.1, sqrt(.09/200)=2.12; memory 0.3, sqrt(.21/150)=3.74; mean 20.00, sqrt(.00045+.0014)/2=2.15
@@ -139,7 +140,7 @@ def test_ood_table_merges_suites_and_averages(tmp_path: Path) -> None:
     assert cells["Web Search Δ"] == "+0.50"
     # retail 57/114 = 50.00, sqrt(.25/114) = 4.68; telecom missing -> no τ² average
     assert cells["Retail (ours)"] == "50.00 ± 4.68"
-    assert cells["Retail Δ"] == "+23.68"
+    assert cells["Retail Δ"] == "+23.68"  # no caveats passed to the renderer: a plain delta
     assert cells["Telecom (ours)"] == "–"
     assert cells["τ² Avg (ours)"] == "–"
     assert cells["τ² Avg (paper)"] == "20.79"
