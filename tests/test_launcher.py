@@ -43,6 +43,45 @@ def test_verl_engine_without_gpu_stops_at_once(tmp_path):
     assert not (tmp_path / "SEAL").exists()  # stopped before writing anything or starting the service
 
 
+def test_each_run_owns_its_service_and_never_stops_one_it_did_not_start(tmp_path, monkeypatch):
+    """Two runs side by side each start their own service on a free port (the default, `env.urls: []`) and stop
+    only it; a run whose recipe names a service that answers uses it and leaves it running."""
+    from env_service.process import healthy, running_service
+    from seal import launcher
+    from seal.recipe import load_config
+    from seal.run_dir import RunDir
+
+    monkeypatch.setenv("BFCL_PROJECT_ROOT", str(tmp_path / "bfcl_root"))
+    cfg = load_config(REPO / "exp" / "tiny_cpu.yaml")
+    assert list(cfg.env.urls) == []
+    first, second = RunDir(tmp_path / "first"), RunDir(tmp_path / "second")
+    with launcher.run_env_service(cfg, first) as one, launcher.run_env_service(cfg, second) as two:
+        (url_one,), (url_two,) = one.env.urls, two.env.urls
+        assert url_one != url_two and healthy(url_one) and healthy(url_two)
+    assert not healthy(url_one) and not healthy(url_two)
+    assert first.env_service_log.is_file() and second.env_service_log.is_file()
+
+    with running_service() as (url, _proc):
+        named = load_config(REPO / "exp" / "tiny_cpu.yaml", [f"env.urls=[{url}]"])
+        third = RunDir(tmp_path / "third")
+        with launcher.run_env_service(named, third) as used:
+            assert list(used.env.urls) == [url]
+        assert healthy(url)  # not this run's: left running
+        assert not third.env_service_log.exists()  # and no log of a service it did not start
+
+
+def test_entry_points_work_from_any_directory(tmp_path):
+    """`seal-train` (here: the launcher run from another directory) finds its recipe and the data files."""
+    out = subprocess.run([sys.executable, str(REPO / "launcher.py"), "--conf", "exp/tiny_cpu.yaml",
+                          f"run_root={tmp_path / 'runs'}", "--dry-run"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"train_files: {REPO / 'data' / 'bfcl_train.parquet'}" in out.stdout
+    assert not any(tmp_path.iterdir())  # a dry run writes nothing
+    missing = launch("--conf", "exp/tiny_cpu.yaml", "data.val_files=data/nowhere.parquet", "--dry-run")
+    assert missing.returncode == 2 and "data file not found: data.val_files = data/nowhere.parquet" in missing.stderr
+
+
 def test_tiny_run_end_to_end(tmp_path):
     """1 step, 2 tasks x 2 rollouts, 2 validation tasks, through the launcher, which starts and stops the
     env service itself: service start, rollouts, grading, A-Patch, capability update, Ω evolution,
