@@ -47,6 +47,6 @@ __all__ = [
     "DEFAULTS_NAME", "DEFAULT_RECIPE", "EXP_DIR", "REPO_ROOT", "ActorConfig", "AlgorithmConfig", "ConfigError",
     "DataConfig", "EnvConfig", "ModelConfig", "Recipe", "RolloutConfig", "StepLimitConfig", "TinyModelConfig",
     "TrainerConfig", "data_file", "env_service_args", "from_container", "load_config", "parse_overrides",
-    "rollout_limits", "run_dir", "sampling_params", "save_config", "schema", "steps_per_epoch", "to_container", "to_yaml",
-    "total_training_steps", "validate", "with_data_files",
+    "rollout_limits", "run_dir", "sampling_params", "save_config", "schema", "steps_per_epoch", "to_container",
+    "to_yaml", "total_training_steps", "validate", "with_data_files",
 ]
