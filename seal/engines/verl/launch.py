@@ -126,6 +126,10 @@ def build_verl_config(cfg: C.Recipe, run_dir: str | os.PathLike[str],
         ray_init.runtime_env.env_vars = env_vars
         if cfg.trainer.nnodes > 1 and not os.environ.get("RAY_ADDRESS"):
             ray_init.address = "auto"  # join the cluster started with `ray start` on every node
+        elif not os.environ.get("RAY_ADDRESS") and OmegaConf.select(ray_init, "address") is None:
+            # One node: a Ray cluster of this run's own. Without an address Ray joins the machine's last
+            # `ray start` cluster, where a second run shares (and, ending, stops) the first one's workers.
+            ray_init.address = "local"
     return verl_cfg
 
 
