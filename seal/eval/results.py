@@ -333,7 +333,7 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
 
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:
-    """The records of an evaluation directory (or a run directory with one evaluation, or ``eval/best``)."""
+    """The records of an evaluation directory (or a run directory: its ``eval/last``, else its only evaluation)."""
     directory = resolve_eval_dir(path)
     results = directory / RESULTS_FILE
     if not results.is_file():

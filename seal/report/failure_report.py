@@ -200,5 +200,5 @@ def render_comparison(
 
 
 def load_results(path: str | Path) -> list[dict[str, Any]]:
-    """The records of an evaluation directory (or a run directory with one evaluation, or ``eval/best``)."""
+    """The records of an evaluation directory (or a run directory: its ``eval/last``, else its only evaluation)."""
     return read_records(path)
