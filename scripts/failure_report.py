@@ -5,8 +5,8 @@
         --labels "Vanilla RL" "SEAL" --out reports/seal_vs_vanilla.md           # change: second vs first
 
 A directory is an evaluation directory with results.jsonl, or a run directory: its eval/last (the honest number;
-eval/best is selected on the evaluation tasks and optimistic), else its only evaluation. With two directories the output holds both reports and the change
-(second − first).
+eval/best is selected on the evaluation tasks and optimistic), else its only evaluation. With two directories
+the output holds both reports and the change (second − first).
 """
 
 from __future__ import annotations
