@@ -55,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(tables.TABLES),
         help=f"comma-separated subset of {','.join(tables.TABLES)} (default: all)",
     )
+    parser.add_argument("--allow-mismatched", action="store_true", help="render held-in rows evaluated on other "
+                        "tasks than the paper's column (another split, a task subset), labelled and without deltas "
+                        "(refused otherwise)")
     parser.add_argument("--out", type=Path, help="write markdown here (default: stdout)")
     args = parser.parse_args(argv)
 
@@ -67,10 +70,11 @@ def main(argv: list[str] | None = None) -> int:
             held_in_pairs += more_held_in
             ood_pairs += more_ood
         held_in_dirs = tables.held_in_mapping(held_in_pairs)
-        held_in = tables.load_held_in(held_in_dirs)
+        held_in = tables.load_held_in(held_in_dirs, allow_mismatched=args.allow_mismatched)
         ood = tables.load_ood(tables.ood_mapping(ood_pairs))
         selected = [name.strip() for name in args.tables.split(",") if name.strip()]
-        markdown = tables.render_tables(held_in, ood, selected, rules=tables.held_in_rules(held_in_dirs))
+        markdown = tables.render_tables(held_in, ood, selected, rules=tables.held_in_rules(held_in_dirs),
+                                        held_in_labels=tables.held_in_mismatches(held_in_dirs))
     except (OSError, ValueError, yaml.YAMLError) as exc:
         print(f"make_tables: error: {exc}", file=sys.stderr)
         return 2
