@@ -43,6 +43,7 @@ from omegaconf.nodes import AnyNode, BooleanNode, FloatNode, IntegerNode, String
 
 from seal.core.config_parsing import knob_problems
 from seal.recipe.schema import ConfigError, Recipe
+from seal.recipe.spelling import did_you_mean, dotted_keys, keep_string_words
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXP_DIR = REPO_ROOT / "exp"
@@ -221,7 +222,8 @@ def _merge(target: DictConfig, update: DictConfig, where: str, problems: list[st
             key = str(getattr(exc, "full_key", "") or "")
             if isinstance(exc, ConfigKeyError):
                 hint = _VOCABULARY_HINT if key.endswith(".vocabulary") else "every key is listed in docs/config.md"
-                problems.append(f"{key}: unknown key {key!r} (from {where}; {hint})")
+                problems.append(f"{key}: unknown key {key!r}{did_you_mean(key, dotted_keys(target))} "
+                                f"(from {where}; {hint})")
             elif key:
                 value = getattr(exc, "value", None)
                 problems.append(f"{key}: expected {_expected(target, key)}, got {_kind(value)} ({value!r}) "
@@ -310,7 +312,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         raise ConfigError(f"recipe not found: {recipe}")
     problems: list[str] = []
     cfg = _merge(schema(), _compose_file(recipe, ()), f"recipe {recipe.name}", problems)
-    cfg = _merge(cfg, parse_overrides(overrides), "overrides", problems)
+    cfg = _merge(cfg, parse_overrides(keep_string_words(overrides, cfg)), "overrides", problems)
     return _to_recipe(cfg, problems)
 
 
