@@ -81,7 +81,7 @@ def check_env_services(urls: Sequence[str], timeout: float = 5.0) -> None:
 
 
 def plugin_env_vars(device: str = "cuda") -> dict[str, str]:
-    """Environment for every Ray process: load our plugin, find our packages, wandb offline without a key;
+    """Environment for every Ray process: load our plugin, find our packages;
     on the CPU path the plugin also installs the adapter's CPU patches (`SEAL_VERL_DEVICE=cpu`)."""
     repo = str(C.REPO_ROOT)
     modules = [m for m in os.environ.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m]
@@ -92,8 +92,6 @@ def plugin_env_vars(device: str = "cuda") -> dict[str, str]:
         "VERL_USE_EXTERNAL_MODULES": ",".join(modules),
         "PYTHONPATH": os.pathsep.join([repo, *[p for p in path if p != repo]]),
     }
-    if not os.environ.get("WANDB_API_KEY"):
-        env["WANDB_MODE"] = os.environ.get("WANDB_MODE", "offline")
     if device == "cpu":
         from seal.engines.verl.plugin import DEVICE_ENV
 
@@ -123,6 +121,10 @@ def build_verl_config(cfg: C.Recipe, run_dir: str | os.PathLike[str],
         current = OmegaConf.select(ray_init, "runtime_env.env_vars")
         env_vars = dict(OmegaConf.to_container(current, resolve=True)) if current is not None else {}
         env_vars.update(plugin_env_vars(cfg.trainer.device))
+        if "wandb" in cfg.trainer.logger:  # wandb's conventions, and a resumed run continues its wandb run
+            from seal.logging_utils import wandb_env
+
+            env_vars.update(wandb_env(run.root, resume=cfg.trainer.resume != "disable"))
         ray_init.runtime_env.env_vars = env_vars
         if cfg.trainer.nnodes > 1 and not os.environ.get("RAY_ADDRESS"):
             ray_init.address = "auto"  # join the cluster started with `ray start` on every node
