@@ -33,7 +33,7 @@ import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from env_service.process import ServiceStartError, healthy, running_service
@@ -178,6 +178,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"launcher: {NO_GPU_MESSAGE}", file=sys.stderr)
             return 3
     run = RunDir(run_dir(cfg))
+    changed = resumed_config_changes(cfg, run)
+    if changed:
+        print(f"launcher: {run.root} holds a run this one would resume (trainer.resume={cfg.trainer.resume}), "
+              f"but its config.yaml differs: {'; '.join(changed)}. Resume with the same recipe and overrides, "
+              "or give another experiment_name, or trainer.resume=disable to start over", file=sys.stderr)
+        return 2
     run.root.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run.config_file)
     log.info("run directory: %s", run.root)
@@ -198,6 +204,34 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         log.warning("interrupted")
         return 130
+
+
+def resumed_config_changes(cfg: Recipe, run: RunDir) -> list[str]:
+    """The keys whose value differs from the `config.yaml` of the run this launch resumes (`trainer.resume`
+    auto or a checkpoint, and a checkpoint there), as `key: was -> now`; empty otherwise. A resumed run keeps
+    the recipe it started with: its checkpoints and metrics were made under it."""
+    import yaml
+
+    from seal.recipe import data_file, to_container
+
+    if cfg.trainer.resume == "disable" or not run.config_file.is_file() or not run.checkpoints.saved_steps():
+        return []
+
+    def leaves(tree: Any, prefix: str = "") -> dict[str, Any]:
+        if not isinstance(tree, dict):
+            return {prefix: tree}
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            out.update(leaves(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+
+    was = leaves(yaml.safe_load(run.config_file.read_text(encoding="utf-8")) or {})
+    now = leaves(to_container(cfg))
+    for key in ("data.train_files", "data.val_files"):  # a run saved before paths were made absolute
+        if isinstance(was.get(key), str):
+            was[key] = str(data_file(was[key]))
+    return [f"{key}: {was.get(key)!r} -> {now.get(key)!r}" for key in sorted(set(was) | set(now))
+            if was.get(key) != now.get(key)]
 
 
 def _recipe_file(conf: str | None) -> Path | None:

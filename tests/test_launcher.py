@@ -119,3 +119,46 @@ def test_tiny_run_end_to_end(tmp_path):
     assert (run / "env_service.log").is_file()
     with pytest.raises(httpx.HTTPError):  # the launcher stopped the service it started
         httpx.get(f"{url}/healthz", timeout=2.0)
+
+
+def test_a_resume_keeps_its_config_and_refuses_changed_overrides(tmp_path):
+    """Resuming never rewrites config.yaml; a changed override is refused naming the key (a run without
+    checkpoints, or trainer.resume=disable, starts over and writes the new config)."""
+    common = ["--conf", "exp/tiny_cpu.yaml", f"run_root={tmp_path}", "experiment_name=r",
+              "trainer.total_training_steps=1"]
+    from seal import launcher
+    from seal.recipe import load_config as load_recipe
+    from seal.recipe import with_data_files
+    from seal.run_dir import RunDir
+
+    def load_config(path, overrides):  # as the launcher loads it
+        return with_data_files(load_recipe(path, overrides))
+
+    run = RunDir(tmp_path / "r")
+    cfg = load_config(REPO / "exp" / "tiny_cpu.yaml", common[2:])
+    run.root.mkdir()
+    (run.config_file).write_text("seed: 1\n")
+    assert launcher.resumed_config_changes(cfg, run) == []  # no checkpoint: nothing to resume
+    (run.checkpoints.root / "step_2").mkdir(parents=True)
+    from seal.recipe import save_config
+
+    save_config(cfg, run.config_file)
+    assert launcher.resumed_config_changes(cfg, run) == []
+    changed = load_config(REPO / "exp" / "tiny_cpu.yaml", [*common[2:], "rollout.n=3"])
+    assert launcher.resumed_config_changes(changed, run) == ["rollout.n: 8 -> 3"]
+    before = run.config_file.read_text()
+    out = launch(*common, "rollout.n=3", timeout=120)
+    assert out.returncode == 2 and "rollout.n: 8 -> 3" in out.stderr
+    assert run.config_file.read_text() == before
+    restart = load_config(REPO / "exp" / "tiny_cpu.yaml", [*common[2:], "rollout.n=3", "trainer.resume=disable"])
+    assert launcher.resumed_config_changes(restart, run) == []
+
+
+def test_pointer_files_are_not_owner_only(tmp_path):
+    import os
+    import stat
+
+    from seal.io_utils import current_umask, write_json_atomic
+
+    path = write_json_atomic(tmp_path / "latest.json", {"step": 1})
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o666 & ~current_umask()
