@@ -80,6 +80,12 @@ def check_env_services(urls: Sequence[str], timeout: float = 5.0) -> None:
         log.warning("env replica %s does not answer; episodes go to the others", url)
 
 
+# verl warns in every process that imports its engines about optional backends we never use (dozens of lines
+# per run); Python's -W syntax: action:message prefix:category.
+QUIET_WARNINGS = tuple(f"ignore:{name} engine is not available:UserWarning"
+                       for name in ("torchtitan", "veomni", "automodel", "mindspeed", "megatron"))
+
+
 def plugin_env_vars(device: str = "cuda") -> dict[str, str]:
     """Environment for every Ray process: load our plugin, find our packages;
     on the CPU path the plugin also installs the adapter's CPU patches (`SEAL_VERL_DEVICE=cpu`)."""
@@ -91,6 +97,8 @@ def plugin_env_vars(device: str = "cuda") -> dict[str, str]:
     env = {
         "VERL_USE_EXTERNAL_MODULES": ",".join(modules),
         "PYTHONPATH": os.pathsep.join([repo, *[p for p in path if p != repo]]),
+        "PYTHONWARNINGS": ",".join([*filter(None, os.environ.get("PYTHONWARNINGS", "").split(",")),
+                                    *QUIET_WARNINGS]),
     }
     if device == "cpu":
         from seal.engines.verl.plugin import DEVICE_ENV
