@@ -20,6 +20,8 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import re
+import warnings
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -169,6 +171,8 @@ def train(cfg: C.Recipe, run_dir: str | os.PathLike[str], overrides: Sequence[st
     check_env_services(list(cfg.env.urls))
     verl_cfg = build_verl_config(cfg, run_dir, overrides)
     os.environ.update(plugin_env_vars(cfg.trainer.device))  # this process too (the TaskRunner inherits ray_init's env)
+    for entry in QUIET_WARNINGS:  # this process read PYTHONWARNINGS at its start: the same filters by hand
+        warnings.filterwarnings("ignore", message=re.escape(entry.split(":")[1]), category=UserWarning)
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
