@@ -1,11 +1,12 @@
 """Failure-analysis report of an evaluation directory, or of the change between two.
 
-    python scripts/failure_report.py runs/seal7b/eval/best                      # one evaluation
-    python scripts/failure_report.py runs/vanilla7b/eval/best runs/seal7b/eval/best \
+    python scripts/failure_report.py runs/seal7b/eval/last                      # one evaluation
+    python scripts/failure_report.py runs/vanilla7b/eval/last runs/seal7b/eval/last \
         --labels "Vanilla RL" "SEAL" --out reports/seal_vs_vanilla.md           # change: second vs first
 
-A directory is an evaluation directory with results.jsonl (or a run directory with one evaluation, or
-eval/best). With two directories the output holds both reports and the change (second − first).
+A directory is an evaluation directory with results.jsonl, or a run directory: its eval/last (the honest number;
+eval/best is selected on the evaluation tasks and optimistic), else its only evaluation. With two directories
+the output holds both reports and the change (second − first).
 """
 
 from __future__ import annotations

@@ -18,11 +18,19 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> Path:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             json.dump(obj, fh, indent=1, sort_keys=True)
             fh.write("\n")
+        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes it owner-only; a plain file's mode instead
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def current_umask() -> int:
+    """The process's umask (reading it means setting it; set straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_text_or_stdout(path: str | os.PathLike[str] | None, text: str) -> None:

@@ -2,9 +2,11 @@
 
 `MetricsLogger(run_dir, cfg)` writes one JSON object per `log(metrics, step)` call to
 `<run_dir>/metrics.jsonl` (every line has `"step"`; docs/run_directory.md lists the keys), prints a
-short console summary, and mirrors to wandb when `trainer.logger` lists it (offline mode without
-`WANDB_API_KEY`, so a run never needs the network). On resume, lines of steps after the checkpoint
-(written by the interrupted run) are dropped first, so the file holds each step once.
+short console summary, and mirrors to wandb when `trainer.logger` lists it, by wandb's own conventions
+(`wandb_env`): `WANDB_MODE` as the user set it, online for a logged-in user (`WANDB_API_KEY` or
+`wandb login`), offline otherwise (a run never needs the network); a resumed run logs into the same wandb run
+(its id is kept in the run directory). On resume, lines of steps after the checkpoint (written by the
+interrupted run) are dropped first, so the file holds each step once.
 """
 
 from __future__ import annotations
@@ -115,6 +117,43 @@ def trim_metrics(path: Path, keep_through: int | None) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
 
 
+def wandb_logged_in() -> bool:
+    """Whether wandb has credentials: `WANDB_API_KEY`, or the netrc entry `wandb login` writes for the host."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    import netrc
+    from urllib.parse import urlparse
+
+    host = urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or "api.wandb.ai"
+    try:
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def wandb_env(run_dir: str | os.PathLike[str], resume: bool) -> dict[str, str]:
+    """The wandb environment of a run (both engines; verl's own wandb reads it in its workers).
+
+    `WANDB_MODE` is left as the user set it (`disabled`, `offline`, `online`); without it a user who is not
+    logged in gets `offline`. `WANDB_RUN_ID` is the run's id, kept in the run directory, and `WANDB_RESUME`
+    `allow`, so a resumed run continues its wandb run; a fresh run gets a new id."""
+    from seal.run_dir import RunDir
+
+    env: dict[str, str] = {}
+    if not os.environ.get("WANDB_MODE") and not wandb_logged_in():
+        env["WANDB_MODE"] = "offline"
+    id_file = RunDir(run_dir).wandb_run_id_file
+    run_id = id_file.read_text(encoding="utf-8").strip() if resume and id_file.is_file() else ""
+    if not run_id:
+        import secrets
+
+        run_id = secrets.token_hex(4)  # wandb's ids are short lowercase alphanumerics
+        id_file.parent.mkdir(parents=True, exist_ok=True)
+        id_file.write_text(run_id + "\n", encoding="utf-8")
+    env.update(WANDB_RUN_ID=run_id, WANDB_RESUME="allow")
+    return env
+
+
 class MetricsLogger:
     """Console + `metrics.jsonl` + optional wandb for one run.
 
@@ -151,9 +190,10 @@ class MetricsLogger:
         except ImportError:
             log.warning("trainer.logger lists wandb but the wandb package is not installed; skipping it")
             return None
-        mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
+        env = wandb_env(self.run_dir, resume)
+        mode = os.environ.get("WANDB_MODE") or env.get("WANDB_MODE")  # None: wandb decides (logged in: online)
         return wandb.init(project=project, name=name, dir=str(self.run_dir), config=dict(config or {}),
-                          mode=mode, resume="allow" if resume else None, id=None)
+                          mode=mode, resume="allow", id=env["WANDB_RUN_ID"])
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         row = metrics_row(metrics, step)

@@ -7,6 +7,7 @@ Every name and format here is what existing runs hold, so old runs still resume 
     config.yaml                         the resolved recipe (launcher)
     env_service.log                     the env service the launcher started
     metrics.jsonl                       one JSON object per line, each with an int "step"
+    wandb_run_id                        the wandb run id, so a resumed run logs into the same wandb run
     validation/step_<N>.jsonl           per-episode validation records (local engine)
     verl_config.yaml, data/<split>_subset.parquet          (verl engine)
     checkpoints/step_<N>/               local: HF model + tokenizer, seal_state.json, trainer_state.pt
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
+WANDB_RUN_ID_FILE = "wandb_run_id"
 ENV_SERVICE_LOG = "env_service.log"
 VERL_CONFIG_FILE = "verl_config.yaml"
 VALIDATION_DIR = "validation"
@@ -167,6 +169,10 @@ class RunDir:
     @property
     def metrics_file(self) -> Path:
         return self.root / METRICS_FILE
+
+    @property
+    def wandb_run_id_file(self) -> Path:
+        return self.root / WANDB_RUN_ID_FILE
 
     @property
     def env_service_log(self) -> Path:

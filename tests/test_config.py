@@ -295,6 +295,19 @@ def test_overrides_as_users_write_them():
     assert "spurious_tool_call" not in cfg.seal.evolve_config.texts()
 
 
+def test_yaml_word_booleans_mean_the_word_for_string_keys_and_misspelt_keys_get_a_suggestion():
+    # YAML reads `off` as false; the string key takes the word as written, a bool key still reads it as false.
+    cfg = load("SEAL", "seal.interface.error_feedback=off", "seal.interface.enable=off")
+    assert cfg.seal.interface.error_feedback == "off" and cfg.seal.interface.enable is False
+    assert load("SEAL", "seal.interface.error_feedback=On").seal.interface.error_feedback == "on"
+    with pytest.raises(C.ConfigError, match="must be one of"):  # still checked against the choices
+        load("SEAL", "seal.interface.error_feedback=yes")
+    with pytest.raises(C.ConfigError, match="did you mean 'seal.interface.error_feedback'"):
+        load("SEAL", "seal.interface.error_feedbak=on")
+    with pytest.raises(C.ConfigError, match="did you mean 'rollout.n'"):
+        load("SEAL", "rollout.nn=3")
+
+
 def test_the_vocabulary_is_one_switch():
     paper = load("SEAL", "seal.diagnosis.vocabulary=paper", "seal.apatch.tag_weights.argument_mismatch=1.4").seal
     assert paper.vocabulary == paper.apatch_config.vocabulary == paper.evolve_config.vocabulary == "paper"

@@ -43,6 +43,45 @@ def test_verl_engine_without_gpu_stops_at_once(tmp_path):
     assert not (tmp_path / "SEAL").exists()  # stopped before writing anything or starting the service
 
 
+def test_each_run_owns_its_service_and_never_stops_one_it_did_not_start(tmp_path, monkeypatch):
+    """Two runs side by side each start their own service on a free port (the default, `env.urls: []`) and stop
+    only it; a run whose recipe names a service that answers uses it and leaves it running."""
+    from env_service.process import healthy, running_service
+    from seal import launcher
+    from seal.recipe import load_config
+    from seal.run_dir import RunDir
+
+    monkeypatch.setenv("BFCL_PROJECT_ROOT", str(tmp_path / "bfcl_root"))
+    cfg = load_config(REPO / "exp" / "tiny_cpu.yaml")
+    assert list(cfg.env.urls) == []
+    first, second = RunDir(tmp_path / "first"), RunDir(tmp_path / "second")
+    with launcher.run_env_service(cfg, first) as one, launcher.run_env_service(cfg, second) as two:
+        (url_one,), (url_two,) = one.env.urls, two.env.urls
+        assert url_one != url_two and healthy(url_one) and healthy(url_two)
+    assert not healthy(url_one) and not healthy(url_two)
+    assert first.env_service_log.is_file() and second.env_service_log.is_file()
+
+    with running_service() as (url, _proc):
+        named = load_config(REPO / "exp" / "tiny_cpu.yaml", [f"env.urls=[{url}]"])
+        third = RunDir(tmp_path / "third")
+        with launcher.run_env_service(named, third) as used:
+            assert list(used.env.urls) == [url]
+        assert healthy(url)  # not this run's: left running
+        assert not third.env_service_log.exists()  # and no log of a service it did not start
+
+
+def test_entry_points_work_from_any_directory(tmp_path):
+    """`seal-train` (here: the launcher run from another directory) finds its recipe and the data files."""
+    out = subprocess.run([sys.executable, str(REPO / "launcher.py"), "--conf", "exp/tiny_cpu.yaml",
+                          f"run_root={tmp_path / 'runs'}", "--dry-run"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"train_files: {REPO / 'data' / 'bfcl_train.parquet'}" in out.stdout
+    assert not any(tmp_path.iterdir())  # a dry run writes nothing
+    missing = launch("--conf", "exp/tiny_cpu.yaml", "data.val_files=data/nowhere.parquet", "--dry-run")
+    assert missing.returncode == 2 and "data file not found: data.val_files = data/nowhere.parquet" in missing.stderr
+
+
 @pytest.mark.slow  # trains: the launcher, the env service and one PPO step
 def test_tiny_run_end_to_end(tmp_path):
     """1 step, 2 tasks x 2 rollouts, 2 validation tasks, through the launcher, which starts and stops the
@@ -81,3 +120,46 @@ def test_tiny_run_end_to_end(tmp_path):
     assert (run / "env_service.log").is_file()
     with pytest.raises(httpx.HTTPError):  # the launcher stopped the service it started
         httpx.get(f"{url}/healthz", timeout=2.0)
+
+
+def test_a_resume_keeps_its_config_and_refuses_changed_overrides(tmp_path):
+    """Resuming never rewrites config.yaml; a changed override is refused naming the key (a run without
+    checkpoints, or trainer.resume=disable, starts over and writes the new config)."""
+    common = ["--conf", "exp/tiny_cpu.yaml", f"run_root={tmp_path}", "experiment_name=r",
+              "trainer.total_training_steps=1"]
+    from seal import launcher
+    from seal.recipe import load_config as load_recipe
+    from seal.recipe import with_data_files
+    from seal.run_dir import RunDir
+
+    def load_config(path, overrides):  # as the launcher loads it
+        return with_data_files(load_recipe(path, overrides))
+
+    run = RunDir(tmp_path / "r")
+    cfg = load_config(REPO / "exp" / "tiny_cpu.yaml", common[2:])
+    run.root.mkdir()
+    (run.config_file).write_text("seed: 1\n")
+    assert launcher.resumed_config_changes(cfg, run) == []  # no checkpoint: nothing to resume
+    (run.checkpoints.root / "step_2").mkdir(parents=True)
+    from seal.recipe import save_config
+
+    save_config(cfg, run.config_file)
+    assert launcher.resumed_config_changes(cfg, run) == []
+    changed = load_config(REPO / "exp" / "tiny_cpu.yaml", [*common[2:], "rollout.n=3"])
+    assert launcher.resumed_config_changes(changed, run) == ["rollout.n: 8 -> 3"]
+    before = run.config_file.read_text()
+    out = launch(*common, "rollout.n=3", timeout=120)
+    assert out.returncode == 2 and "rollout.n: 8 -> 3" in out.stderr
+    assert run.config_file.read_text() == before
+    restart = load_config(REPO / "exp" / "tiny_cpu.yaml", [*common[2:], "rollout.n=3", "trainer.resume=disable"])
+    assert launcher.resumed_config_changes(restart, run) == []
+
+
+def test_pointer_files_are_not_owner_only(tmp_path):
+    import os
+    import stat
+
+    from seal.io_utils import current_umask, write_json_atomic
+
+    path = write_json_atomic(tmp_path / "latest.json", {"step": 1})
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o666 & ~current_umask()

@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from env_service.vocab import EXCLUDED_TAGS
 from seal.core.config_parsing import field_values, knob
 from seal.core.weights import DEFAULT_WEIGHT, base_weights, check_vocabulary, known_tags, reply_field
 
 if TYPE_CHECKING:
+    import torch
     from verl import DataProto
 
 APPLY_TO = ("all", "positive", "negative")
@@ -144,6 +144,8 @@ def apply_scales(
     Returns:
         ``[batch, response_len]`` tensor of ``advantages``'s dtype.
     """
+    import torch  # not at module level: the recipe schema imports this module; configuration needs no torch
+
     if apply_to not in APPLY_TO:
         raise ValueError(f"apply_to must be one of {APPLY_TO}, got {apply_to!r}")
     if advantages.dim() != 2 or mask.shape != advantages.shape:
@@ -222,6 +224,8 @@ def apply_apatch(
             continue
         tag_counts.update(tags)
         scales[i] = trajectory_scale(tags, weights, cfg.min_scale, cfg.max_scale)
+
+    import torch
 
     scale_tensor = torch.tensor(scales, dtype=torch.float32)
     data.batch["advantages"] = apply_scales(advantages, data.batch["response_mask"], scale_tensor, cfg.apply_to)

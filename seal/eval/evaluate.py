@@ -38,6 +38,8 @@ from seal.eval.results import (
     SUMMARY_FILE,
     ResultsLog,
     build_summary,
+    claim_output_dir,
+    default_eval_name,
     error_record,
     record_from_rollout,
     write_ordered,
@@ -245,6 +247,7 @@ class EvalRequest:
     extra_notes: tuple[str, ...] = ()
     rules: str = DEFAULT_RULES
     resume: bool = False
+    overwrite: bool = False  # replace an earlier result in `out` (otherwise a non-empty `out` is refused)
 
 
 class EvaluationInterrupted(Exception):
@@ -332,6 +335,7 @@ class _Run:
 def _start(request: EvalRequest) -> _Run:
     """Check the request, open the results log (keeping earlier records when resuming), build the policy."""
     rules = check_rules(request.rules)
+    claim_output_dir(request.out, resume=request.resume, overwrite=request.overwrite)
     all_ids = _task_list(request.split, request.tasks)
     split = request.split if not request.tasks else "tasks"
     if request.resume:
@@ -503,6 +507,7 @@ def evaluate_run(run_dir: Path, backend: str, base: EvalRequest) -> dict[str, di
                   "last checkpoint: the honest number (no selection on the evaluation tasks)")
         notes = (f"checkpoint {choice.name}: step {choice.step} ({choice.selection})", caveat)
         if choice.step in done:
+            claim_output_dir(out, overwrite=base.overwrite)
             out.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(done[choice.step] / "results.jsonl", out / "results.jsonl")
             summary = json.loads((done[choice.step] / "summary.json").read_text(encoding="utf-8"))
@@ -543,11 +548,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    "environment (default; what training validation reports)")
     p.add_argument("--resume", action="store_true", help="keep the finished tasks already in --out (an "
                    "interrupted evaluation) and play only the rest")
+    p.add_argument("--overwrite", action="store_true", help="replace the evaluation already in --out (a non-empty "
+                   "--out is refused otherwise)")
     p.add_argument("--split", choices=["eval", "train", "all"], default="eval",
                    help="eval: the 400 held-in tasks (paper, training validation); all: the 800 multi-turn "
                    "tasks (the leaderboard's set); train: the 400 training tasks")
     p.add_argument("--tasks", help="comma-separated task ids (overrides --split)")
-    p.add_argument("--out", type=Path, help="evaluation directory (default evals/<policy>_<split>)")
+    p.add_argument("--out", type=Path, help="evaluation directory (default evals/<policy>_<split or task subset>"
+                   "[_<rules>]; refused when not empty unless --resume or --overwrite)")
     p.add_argument("--env-url", help="use this env service instead of starting one")
     p.add_argument("--concurrency", type=int, default=32, help="episodes in flight (default 32)")
     p.add_argument("--official-availability", action="store_true",
@@ -591,10 +599,9 @@ def _service_settings(args: argparse.Namespace) -> ServiceSettings | None:
                            max_steps=args.max_steps or RELEASE_MAX_STEPS)
 
 
-def _default_out(args: argparse.Namespace) -> Path:
-    name = (args.policy or "run").split("#")[-1].replace("/", "_").replace(":", "_").strip("_")
-    suffix = args.benchmark or (args.split if args.rules == DEFAULT_RULES else f"{args.split}_{args.rules}")
-    return Path("evals") / f"{name}_{suffix}"
+def _default_out(args: argparse.Namespace, tasks: Sequence[str] | None) -> Path:
+    return Path("evals") / default_eval_name(args.policy or "run", args.split, tasks, args.rules, args.benchmark,
+                                             default_rules=DEFAULT_RULES)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -612,7 +619,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.benchmark:
             from seal.eval import ood
 
-            out = args.out or _default_out(args)
+            out = args.out or _default_out(args, tasks)
+            claim_output_dir(out, overwrite=args.overwrite)
             try:
                 summary = ood.run_benchmark(args.benchmark, args.policy, out, options=options, tasks=tasks,
                                             concurrency=args.concurrency, progress=not args.no_progress,
@@ -622,10 +630,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 3
             print_summary(summary, out)
             return 1 if _errored(summary) else 0
-        base = EvalRequest(policy=args.policy or "", out=args.out or _default_out(args), split=args.split,
+        base = EvalRequest(policy=args.policy or "", out=args.out or _default_out(args, tasks), split=args.split,
                            tasks=tasks, env_url=args.env_url, concurrency=args.concurrency,
                            service=_service_settings(args), options=options, progress=not args.no_progress,
-                           rules=args.rules, resume=args.resume)
+                           rules=args.rules, resume=args.resume, overwrite=args.overwrite)
         if args.run:
             summaries = evaluate_run(args.run, args.backend, base)
             return 1 if any(_errored(s) for s in summaries.values()) else 0

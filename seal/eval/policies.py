@@ -37,7 +37,6 @@ from env_service.parser import format_tool_call
 from env_service.tasks import TURN_END_REPLY, ground_truth_replies
 from seal.rollout.codec import ChatCodec
 from seal.rollout.episode import TokenTurns, Turns
-from seal.rollout.hf_generation import HFGenerator
 from seal.rollout.types import GenerateFn, Generation, Rollout, RolloutLimits, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -404,6 +403,8 @@ def parse_policy(spec: str, options: PolicyOptions | None = None) -> Policy:
     if kind == "hf":
         if not os.path.exists(rest):
             raise PolicyError(f"hf: no model directory at {rest!r}")
+        from seal.rollout.hf_generation import HFGenerator  # torch: only the policies that load a model need it
+
         gen = HFGenerator.from_pretrained(rest, device=options.device, dtype=options.dtype,
                                           max_batch_size=options.hf_batch_size)
         backend = TokenBackend(gen.tokenizer, gen)

@@ -37,6 +37,7 @@ A path given where an evaluation directory is expected may also be a run directo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections import Counter
@@ -68,6 +69,53 @@ HELD_IN_HEADERS: Mapping[str, str] = MappingProxyType(
 
 class EvalDataError(ValueError):
     """An evaluation directory, summary or mapping file that does not follow docs/run_directory.md."""
+
+
+# Files an evaluation writes into its directory (all it removes with --overwrite; anything else is left alone).
+EVAL_FILES = (RESULTS_FILE, SUMMARY_FILE, "prereq_conversations.jsonl")
+
+
+# --- the output directory ----------------------------------------------------------------------------
+
+
+def default_eval_name(policy: str, split: str, tasks: Sequence[str] | None = None, rules: str | None = None,
+                      benchmark: str | None = None, default_rules: str = "release") -> str:
+    """The default evaluation directory name: everything that tells two evaluations apart.
+
+    ``<policy>_<split | one task id | <n>tasks-<hash of the ids>>[_<rules>]`` (rules only when not the default;
+    OOD: ``<policy>_<benchmark>[_<subset>]``), so a spot check on a few tasks never lands in the directory
+    of a full-split result."""
+    name = policy.split("#")[-1].replace("/", "_").replace(":", "_").strip("_") or "run"
+    subset = None
+    if tasks:
+        ids = sorted(set(tasks))
+        digest = hashlib.sha1(",".join(ids).encode()).hexdigest()[:8]
+        subset = ids[0] if len(ids) == 1 else f"{len(ids)}tasks-{digest}"
+    if benchmark:
+        return "_".join(p for p in (name, benchmark, subset) if p)
+    parts = [name, subset or split]
+    if rules and rules != default_rules:
+        parts.append(rules)
+    return "_".join(parts)
+
+
+def claim_output_dir(out: Path, *, resume: bool = False, overwrite: bool = False) -> None:
+    """Refuse to write into a directory that already holds something unless asked to (`resume` keeps its
+    finished tasks, `overwrite` replaces the evaluation's own files): a result is never replaced silently."""
+    if resume and overwrite:
+        raise ValueError("--resume keeps the finished tasks in --out and --overwrite replaces them; give one")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a directory")
+    held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if not held or resume:
+        return
+    if not overwrite:
+        shown = ", ".join(held[:5]) + (", ..." if len(held) > 5 else "")
+        raise ValueError(f"{out} is not empty ({shown}): refusing to overwrite an earlier result. Give --resume "
+                         "to finish an interrupted evaluation with the same settings, --overwrite to replace it, "
+                         "or another --out")
+    for name in EVAL_FILES:
+        (out / name).unlink(missing_ok=True)
 
 
 # --- per-task records ---------------------------------------------------------------------------------
@@ -297,7 +345,7 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
 
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:
-    """The records of an evaluation directory (or a run directory with one evaluation, or ``eval/best``)."""
+    """The records of an evaluation directory (or a run directory: its ``eval/last``, else its only evaluation)."""
     directory = resolve_eval_dir(path)
     results = directory / RESULTS_FILE
     if not results.is_file():

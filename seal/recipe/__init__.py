@@ -20,12 +20,14 @@ from seal.recipe.compose import (
     validate,
 )
 from seal.recipe.derived import (
+    data_file,
     env_service_args,
     rollout_limits,
     run_dir,
     sampling_params,
     steps_per_epoch,
     total_training_steps,
+    with_data_files,
 )
 from seal.recipe.schema import (
     ActorConfig,
@@ -44,7 +46,7 @@ from seal.recipe.schema import (
 __all__ = [
     "DEFAULTS_NAME", "DEFAULT_RECIPE", "EXP_DIR", "REPO_ROOT", "ActorConfig", "AlgorithmConfig", "ConfigError",
     "DataConfig", "EnvConfig", "ModelConfig", "Recipe", "RolloutConfig", "StepLimitConfig", "TinyModelConfig",
-    "TrainerConfig", "env_service_args", "from_container", "load_config", "parse_overrides", "rollout_limits",
-    "run_dir", "sampling_params", "save_config", "schema", "steps_per_epoch", "to_container", "to_yaml",
-    "total_training_steps", "validate",
+    "TrainerConfig", "data_file", "env_service_args", "from_container", "load_config", "parse_overrides",
+    "rollout_limits", "run_dir", "sampling_params", "save_config", "schema", "steps_per_epoch", "to_container",
+    "to_yaml", "total_training_steps", "validate", "with_data_files",
 ]

@@ -46,6 +46,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from seal.core.config_parsing import knob_problems, type_name
 from seal.recipe.schema import ConfigError, Recipe
+from seal.recipe.spelling import did_you_mean, dotted_keys, keep_string_words
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXP_DIR = REPO_ROOT / "exp"
@@ -225,7 +226,8 @@ def _merge(target: DictConfig, update: DictConfig, where: str, problems: list[st
             key = str(exc.full_key or "")
             if isinstance(exc, ConfigKeyError):
                 hint = _VOCABULARY_HINT if key.endswith(".vocabulary") else "every key is listed in docs/config.md"
-                problems.append(f"{key}: unknown key {key!r} (from {where}; {hint})")
+                problems.append(f"{key}: unknown key {key!r}{did_you_mean(key, dotted_keys(target))} "
+                                f"(from {where}; {hint})")
             elif key:
                 problems.append(f"{key}: expected {_expected(key)}, got {_kind(exc.value)} ({exc.value!r}) "
                                 f"(from {where})")
@@ -309,7 +311,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         raise ConfigError(f"recipe not found: {recipe}")
     problems: list[str] = []
     cfg = _merge(schema(), _compose_file(recipe, ()), f"recipe {recipe.name}", problems)
-    cfg = _merge(cfg, parse_overrides(overrides), "overrides", problems)
+    cfg = _merge(cfg, parse_overrides(keep_string_words(overrides, cfg)), "overrides", problems)
     return _to_recipe(cfg, problems)
 
 

@@ -111,8 +111,9 @@ class StepLimitConfig:
 
 @dataclass(frozen=True)
 class EnvConfig:
-    urls: list[str] = knob(["http://127.0.0.1:8082"], source="ours",
-                           help="env-service base URLs; several = several service replicas")
+    urls: list[str] = knob([], source="ours",
+                           help="env-service base URLs; several = several service replicas; empty = the run starts "
+                                "its own service on a free loopback port (two runs never share one)")
     start_service: bool = knob(True, source="ours",
                                help="the launcher starts `python -m env_service` on the first URL if none answers")
     step_limit: StepLimitConfig = field(default_factory=StepLimitConfig)
@@ -261,8 +262,8 @@ class Recipe:
         name = self.experiment_name
         if not name or "/" in name or name in (".", ".."):
             problems.append(f"experiment_name must be a plain directory name, got {name!r}")
-        if not self.env.urls:
-            problems.append("env.urls: at least one env-service URL is needed")
+        if not self.env.urls and not self.env.start_service:
+            problems.append("env.urls: empty (the run starts its own service) but env.start_service is false")
         if self.data.max_prompt_length + self.data.max_response_length > self.rollout.max_model_len:
             # Release assertion (main_ppo): the whole sequence must fit the model's context.
             problems.append("data.max_prompt_length + data.max_response_length must be <= rollout.max_model_len")

@@ -141,7 +141,27 @@ def render_report(records: Sequence[Mapping[str, Any]], title: str) -> str:
     lines.append("")
     for field, (heading, _) in FIELDS.items():
         lines += _distribution_section(tag_distribution(records, field), heading)
+    lines += _failed_tasks_section(records)
     return "\n".join(lines)
+
+
+def failed_tasks(records: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+    """One row per failed task, in category then record order: task id (to look the task up, e.g. in
+    `results.jsonl` or BFCL's data), category, the per-turn paper labels and failure tags, the harness error."""
+    failed = [(record_category(r, i), i, r) for i, r in enumerate(records) if r.get("accuracy") != 1]
+    order = {c: k for k, c in enumerate(category_order({c for c, _, _ in failed}))}
+    failed.sort(key=lambda item: (order[item[0]], item[1]))
+    return [[str(r.get("task_id", f"record {i}")), c, " ".join(r.get("paper_labels") or []) or "–",
+             " ".join(r.get("failure_tags") or []) or "–", str(r.get("error") or "").replace("|", "/")[:120] or "–"]
+            for c, i, r in failed]
+
+
+def _failed_tasks_section(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    rows = failed_tasks(records)
+    lines = ["## Failed tasks", "", f"{len(rows)} task(s); labels and tags per user turn, in order.", ""]
+    if rows:
+        lines += _table(["Task", "Category", "Paper labels", "Failure tags", "Error"], rows)
+    return lines + [""]
 
 
 def share_delta(before: Distribution, after: Distribution, category: str, tag: str) -> float | None:
@@ -199,5 +219,5 @@ def render_comparison(
 
 
 def load_results(path: str | Path) -> list[dict[str, Any]]:
-    """The records of an evaluation directory (or a run directory with one evaluation, or ``eval/best``)."""
+    """The records of an evaluation directory (or a run directory: its ``eval/last``, else its only evaluation)."""
     return read_records(path)

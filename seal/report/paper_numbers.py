@@ -172,6 +172,11 @@ OOD_HEADERS: Mapping[str, str] = MappingProxyType(
 # --- the numbers --------------------------------------------------------------------------------
 
 
+# What the held-in column is: the 400 eval-split tasks, 100 per BFCL V3 category.
+HELD_IN_SPLIT = "eval"
+HELD_IN_PER_CATEGORY = 100
+
+
 @dataclass(frozen=True)
 class HeldInScores:
     """A BFCL V3 multi-turn row (percent; 400 held-in tasks, 100 per category)."""

@@ -31,6 +31,8 @@ from seal.run_dir import METRICS_FILE
 # The figure's panels: the four categories, then their average.
 PANEL_TITLES: Mapping[str, str] = {metric: HELD_IN_HEADERS[metric] for metric in (*CATEGORIES, AVERAGE)}
 TAG_FRAC_PREFIX = "train/tag_frac/"
+TRAIN_REWARD = "train/reward_mean"
+TRAIN_REWARD_TITLE = "Training reward (mean)"
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,14 @@ def validation_curve(records: Sequence[Mapping[str, Any]], metric: str) -> Curve
     return Curve(steps, tuple(points[s][0] for s in steps), tuple(points[s][1] for s in steps))
 
 
+def training_curve(records: Sequence[Mapping[str, Any]], key: str = TRAIN_REWARD) -> Curve:
+    """A training series (e.g. the mean reward per step; on a short run the signal that moves), sorted by step;
+    a later line for the same step (a resumed run) replaces an earlier one. No error band."""
+    points = {int(r["step"]): float(r[key]) for r in records if isinstance(r.get(key), (int, float))}
+    steps = tuple(sorted(points))
+    return Curve(steps, tuple(points[s] for s in steps), tuple(None for _ in steps))
+
+
 def tag_order(tags: set[str] | frozenset[str]) -> list[str]:
     """Tags in vocabulary order (progress tags, then paper labels), unknown tags last, sorted."""
     known = [t for t in (*PROGRESS_TAGS, *PAPER_LABELS) if t in tags]
@@ -144,27 +154,31 @@ def _save(figure: Figure, path: str | Path, dpi: int) -> Path:
     return path
 
 
-def plot_validation_curves(
+def _floor_ylim(ax: Any, floor: float) -> None:
+    """Keep the y-axis from dipping below `floor` (all-zero series would otherwise show -0.05 ... 0.05)."""
+    low, high = ax.get_ylim()
+    if low < floor:
+        ax.set_ylim(floor, max(high, floor + 1.0))
+
+
+def figure3(
     runs: Mapping[str, Sequence[Mapping[str, Any]]],
-    path: str | Path,
     *,
     size_in: tuple[float, float] = (15.0, 8.0),
-    dpi: int = 100,
-    title: str = "Validation accuracy per category (shaded: ± binomial standard error)",
-) -> Path:
-    """Figure 3: one panel per category plus the average; one line per run (e.g. SEAL, Vanilla RL).
-
-    ``runs`` maps a legend label to that run's ``metrics.jsonl`` records. Writes a PNG of
-    ``size_in × dpi`` pixels and returns its path. A run without validation lines is an error.
-    """
+    title: str = "Validation accuracy per category (shaded: ± binomial standard error) and training reward",
+) -> Figure:
+    """Figure 3 as a matplotlib figure: a panel per category, the average, and the training reward; one line
+    per run. A run with neither validation lines nor training rewards is an error."""
     if not runs:
         raise ValueError("no runs to plot")
     curves = {
         label: {m: validation_curve(records, m) for m in PANEL_TITLES} for label, records in runs.items()
     }
-    empty = [label for label, by_metric in curves.items() if not any(c.steps for c in by_metric.values())]
+    rewards = {label: training_curve(records) for label, records in runs.items()}
+    empty = [label for label, by_metric in curves.items()
+             if not any(c.steps for c in by_metric.values()) and not rewards[label].steps]
     if empty:
-        raise ValueError(f"runs without validation metrics (val/accuracy/*): {empty}")
+        raise ValueError(f"runs without validation metrics (val/accuracy/*) or {TRAIN_REWARD}: {empty}")
     figure = Figure(figsize=size_in)
     axes = figure.subplots(2, 3).ravel()
     for ax, metric in zip(axes, PANEL_TITLES, strict=False):
@@ -180,26 +194,46 @@ def plot_validation_curves(
             ]
             if band:
                 steps = [s for s, _, _ in band]
-                low = [v - 100.0 * e for _, v, e in band]
+                low = [max(0.0, v - 100.0 * e) for _, v, e in band]
                 high = [v + 100.0 * e for _, v, e in band]
                 ax.fill_between(steps, low, high, color=color, alpha=0.2, linewidth=0)
         ax.set_title(PANEL_TITLES[metric])
+        ax.set_ylabel("success (%)")
+        _floor_ylim(ax, 0.0)
+    reward_ax = axes[len(PANEL_TITLES)]
+    for index, (label, curve) in enumerate(rewards.items()):
+        if curve.steps:
+            reward_ax.plot(curve.steps, curve.values, marker="o", markersize=3, color=f"C{index % 10}", label=label)
+    reward_ax.set_title(TRAIN_REWARD_TITLE)
+    reward_ax.set_ylabel("reward")
+    lowest = min((v for c in rewards.values() for v in c.values), default=0.0)
+    _floor_ylim(reward_ax, min(0.0, lowest))
+    for ax in axes:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("training step")
-        ax.set_ylabel("success (%)")
         ax.grid(True, alpha=0.3)
-    legend_ax = axes[len(PANEL_TITLES)]
-    legend_ax.axis("off")
-    # Every run has some validation series, but not necessarily in the first panel: merge all panels.
+    # Every run has some series, but not necessarily in the first panel: merge all panels.
     legend: dict[str, Any] = {}
-    for ax in axes[: len(PANEL_TITLES)]:
+    for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
             legend.setdefault(label, handle)
-    handles, labels = list(legend.values()), list(legend)
-    legend_ax.legend(handles, labels, loc="center")
+    figure.legend(list(legend.values()), list(legend), loc="lower center", ncol=max(1, len(legend)))
     figure.suptitle(title)
-    figure.subplots_adjust(hspace=0.35, wspace=0.3)
-    return _save(figure, path, dpi)
+    figure.subplots_adjust(hspace=0.4, wspace=0.3, bottom=0.14)
+    return figure
+
+
+def plot_validation_curves(
+    runs: Mapping[str, Sequence[Mapping[str, Any]]],
+    path: str | Path,
+    *,
+    size_in: tuple[float, float] = (15.0, 8.0),
+    dpi: int = 100,
+) -> Path:
+    """Figure 3 (``figure3``) written as a PNG of ``size_in × dpi`` pixels; returns its path.
+
+    ``runs`` maps a legend label (e.g. SEAL, Vanilla RL) to that run's ``metrics.jsonl`` records."""
+    return _save(figure3(runs, size_in=size_in), path, dpi)
 
 
 def plot_failure_profile(

@@ -158,11 +158,14 @@ def row_label(row: Row) -> str:
 
 def render_table(spec: TableSpec, ours: Mapping[Row, Mapping[str, Estimate]],
                  caveats: Mapping[Row, Sequence[str]] | None = None,
-                 caveat_metrics: Sequence[str] = ()) -> str:
+                 caveat_metrics: Sequence[str] = (),
+                 labels: Mapping[Row, str] | None = None) -> str:
     """A markdown table: per metric, our estimate, the paper's number and the delta.
 
     `caveats`: rows whose `caveat_metrics` were not measured as the paper measured them (why, per row): those
-    rows are marked ``†``, their Δ in those columns reads ``n/c`` (not comparable), and a footnote says why."""
+    rows are marked ``†``, their Δ in those columns reads ``n/c`` (not comparable), and a footnote says why.
+    `labels`: rows whose whole evaluation differs from the column (``held_in_mismatches``), named after the row,
+    without deltas."""
     caveats = {row: list(why) for row, why in (caveats or {}).items() if why}
     header = ["Model / training"]
     for metric in spec.metrics:
@@ -175,7 +178,8 @@ def render_table(spec: TableSpec, ours: Mapping[Row, Mapping[str, Estimate]],
     for row in table_rows(spec, ours):
         mine = ours.get(row, {})
         theirs = spec.paper.get(row, {})
-        cells = [row_label(row) + (" †" if row in caveats else "")]
+        label = (labels or {}).get(row)
+        cells = [row_label(row) + (" †" if row in caveats else "") + (f" (not comparable: {label})" if label else "")]
         for metric in spec.metrics:
             estimate = mine.get(metric)
             paper_value = theirs.get(metric)
@@ -183,7 +187,8 @@ def render_table(spec: TableSpec, ours: Mapping[Row, Mapping[str, Estimate]],
             cells += [
                 format_estimate(estimate),
                 format_percent(paper_value),
-                NOT_COMPARABLE if apart else format_delta(delta_points(estimate, paper_value)),
+                # no delta for a row evaluated on other tasks than the paper's column
+                NOT_COMPARABLE if apart else format_delta(None if label else delta_points(estimate, paper_value)),
             ]
         lines.append("| " + " | ".join(cells) + " |")
     if caveats:
@@ -245,12 +250,15 @@ def render_tables(
     tables: Sequence[str] = TABLES,
     rules: str | None = None,
     ood_caveats: Mapping[Row, Sequence[str]] | None = None,
+    held_in_labels: Mapping[Row, str] | None = None,
 ) -> str:
     """All requested tables as one markdown document (held-in also lists the reference points).
 
     ``rules``: the rules profile of the held-in evaluations (``held_in_rules``), named under the title so a
     reader knows whether a figure is BFCL's own number or the training environment's. ``ood_caveats``: rows
-    whose τ² numbers differ from the paper's protocol (:func:`tau2_caveats`), labelled in the OOD table."""
+    whose τ² numbers differ from the paper's protocol (:func:`tau2_caveats`), labelled in the OOD table.
+    ``held_in_labels``: held-in rows rendered although their evaluation differs from the column
+    (``held_in_mismatches``)."""
     unknown = [t for t in tables if t not in TABLES]
     if unknown:
         raise ValueError(f"unknown tables {unknown}; expected some of {TABLES}")
@@ -263,28 +271,57 @@ def render_tables(
     if rules is not None and held_in:
         parts += [f"Held-in evaluation rules: {DESCRIPTIONS[rules]} (docs/evaluation.md).", ""]
     if "held_in" in tables:
-        parts += [render_table(held_in_spec(), held_in), render_reference_points()]
+        parts += [render_table(held_in_spec(), held_in, labels=held_in_labels), render_reference_points()]
     if "ood" in tables:
         parts.append(render_table(ood_spec(), ood, ood_caveats, TAU2_METRICS))
     if "ablation" in tables:
-        parts.append(render_table(ablation_spec(), held_in))
+        parts.append(render_table(ablation_spec(), held_in, labels=held_in_labels))
     return "\n".join(parts)
 
 
 # --- reading evaluation directories into table estimates ------------------------------------
 
 
-def load_held_in(mapping: Mapping[str, str | Path]) -> dict[Row, dict[str, Estimate]]:
-    """Row key -> evaluation directory, read into table estimates (errors name the offending row)."""
+def held_in_mismatch(summary: Mapping[str, Any]) -> str | None:
+    """How an evaluation differs from the held-in column (the eval split's 400 tasks, 100 per category), or
+    None. A summary without ``split`` or ``count`` is judged on what it has."""
+    problems = []
+    split = summary.get("split")
+    if split is not None and split != pn.HELD_IN_SPLIT:
+        problems.append(f"split {split!r}, not {pn.HELD_IN_SPLIT!r}")
+    counts = summary.get("count")
+    if isinstance(counts, Mapping) and dict(counts) != {c: pn.HELD_IN_PER_CATEGORY for c in CATEGORIES}:
+        per = ", ".join(f"{c.removeprefix('multi_turn_')} {n}" for c, n in counts.items())
+        problems.append(f"{sum(counts.values())} tasks ({per}), not {pn.HELD_IN_PER_CATEGORY} per category")
+    return "; ".join(problems) or None
+
+
+def held_in_mismatches(mapping: Mapping[str, str | Path]) -> dict[Row, str]:
+    """Held-in rows whose evaluation differs from the column, with how (``held_in_mismatch``)."""
+    found = {pn.parse_row(key): held_in_mismatch(read_summary(directory)) for key, directory in mapping.items()}
+    return {row: what for row, what in found.items() if what}
+
+
+def load_held_in(mapping: Mapping[str, str | Path], allow_mismatched: bool = False) -> dict[Row, dict[str, Estimate]]:
+    """Row key -> evaluation directory, read into table estimates (errors name the offending row).
+
+    A row evaluated on other tasks than the column's (another split, a task subset) is refused unless
+    `allow_mismatched` (then render it with ``held_in_mismatches`` as its label)."""
     out: dict[Row, dict[str, Estimate]] = {}
     for key, directory in mapping.items():
         row = pn.parse_row(key)
         if row in out:
             raise ValueError(f"row {row.key} is given twice")
         try:
-            out[row] = held_in_estimates(read_summary(directory))
+            summary = read_summary(directory)
+            out[row] = held_in_estimates(summary)
         except (OSError, ValueError) as exc:
             raise ValueError(f"row {row.key} ({directory}): {exc}") from None
+        what = held_in_mismatch(summary)
+        if what and not allow_mismatched:
+            raise ValueError(f"row {row.key} ({directory}) is not the held-in column's evaluation: {what}. The "
+                             "paper's numbers are on the eval split's 400 tasks; evaluate with --split eval, or "
+                             "pass --allow-mismatched to render it labelled, without deltas")
     return out
 
 

@@ -28,6 +28,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Protocol
 
 from env_service.protocol import CreateReply, EvaluateReply, StepReply
@@ -406,18 +407,24 @@ class EnvServiceLost(RuntimeError):
     """Too many of a step's episodes were lost to the env service: the run stops (non-zero exit)."""
 
 
-def check_infra_loss(records: Sequence[EpisodeRecord], max_share: float, where: Any = "the env service") -> None:
+def check_infra_loss(records: Sequence[EpisodeRecord], max_share: float, where: Any = "the env service",
+                     service_log: Path | None = None) -> None:
     """Raise ``EnvServiceLost`` when more than ``max_share`` of a step's episodes were lost to the env service.
 
     ``records``: the step's episode records (``Rollout.record()``). Training on the rest would look like
-    a run (exit 0, every metric present) while learning from a biased few episodes, or from none."""
+    a run (exit 0, every metric present) while learning from a biased few episodes, or from none.
+    ``service_log``: the log of the service this run started (named only when it exists)."""
     samples = list(records)
     lost = sum(s.exclude_reason in INFRA_REASONS for s in samples)
     if samples and lost / len(samples) > max_share:
+        if service_log is not None and Path(service_log).is_file():
+            hint = f"Check the env service's log: {service_log}."
+        else:
+            hint = ("This run did not start that service (a URL named in env.urls): check the log of the process "
+                    "that serves it, and whether another run stopped it.")
         raise EnvServiceLost(
             f"{lost} of {len(samples)} episodes of this step were lost to the env service at {where} after "
-            f"retries and restarts (more than env.max_infra_loss = {max_share:.0%}); stopping the run. "
-            "Check the env service's log (run directory: env_service.log)."
+            f"retries and restarts (more than env.max_infra_loss = {max_share:.0%}); stopping the run. {hint}"
         )
 
 

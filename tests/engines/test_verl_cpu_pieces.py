@@ -15,7 +15,7 @@ import torch
 
 pytest.importorskip("verl")
 
-import launcher  # noqa: E402
+from seal import launcher  # noqa: E402
 from seal.engines.verl import config as vc  # noqa: E402
 from seal.recipe import load_config  # noqa: E402
 
@@ -88,8 +88,18 @@ def test_verl_overrides_follow_hydra_convention():
                                           "+actor_rollout_ref.model.override_config.rope_theta=5.0"])
     assert v.actor_rollout_ref.rollout.agent.num_workers == 3
     assert v.actor_rollout_ref.model.override_config.rope_theta == 5.0
-    with pytest.raises(KeyError, match=r"write \+actor_rollout_ref.model.override_config.x=\.\.\."):
+    # the hint is spelt as the launcher takes it (`+verl.<key>`: a bare `+<key>` is a recipe key there)
+    with pytest.raises(KeyError, match=r"write \+verl.actor_rollout_ref.model.override_config.x=\.\.\."):
         vc.to_verl_config(cfg, "/tmp/x", ["actor_rollout_ref.model.override_config.x=1"])
+    with pytest.raises(KeyError, match="did you mean 'actor_rollout_ref.rollout.agent.num_workers'"):
+        vc.to_verl_config(cfg, "/tmp/x", ["actor_rollout_ref.rollout.agent.num_worker=3"])
+    # values are checked against verl's own config classes (RolloutConfig, AgentLoopConfig, ...)
+    with pytest.raises(KeyError, match="declares 'actor_rollout_ref.rollout.agent.num_workers' as int, got str"):
+        vc.to_verl_config(cfg, "/tmp/x", ["actor_rollout_ref.rollout.agent.num_workers=sixteen"])
+    with pytest.raises(KeyError, match="as bool, got int"):
+        vc.to_verl_config(cfg, "/tmp/x", ["actor_rollout_ref.rollout.enforce_eager=2"])
+    assert vc.to_verl_config(cfg, "/tmp/x", ["actor_rollout_ref.rollout.gpu_memory_utilization=1"]
+                             ).actor_rollout_ref.rollout.gpu_memory_utilization == 1  # an int is a fine float
     with pytest.raises(KeyError, match="drop the"):
         vc.to_verl_config(cfg, "/tmp/x", ["+trainer.nnodes=2"])
     with pytest.raises(KeyError, match="expected"):

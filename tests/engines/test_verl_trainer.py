@@ -386,3 +386,31 @@ def test_build_verl_config_writes_round_robin_subsets_and_ray_env(tmp_path):
     assert env.PYTHONPATH.split(os.pathsep)[0] == str(REPO_ROOT)
     assert v.ray_kwargs.ray_init.address == "auto"  # two nodes: join the running Ray cluster
     assert list(v.seal.recipe.env.urls) == ["http://10.0.0.2:8082", "http://10.0.0.3:8082"]
+
+
+def test_a_one_node_verl_run_starts_its_own_ray_cluster(tmp_path, monkeypatch):
+    """Two verl runs side by side never join each other's Ray cluster (`address="local"`); RAY_ADDRESS wins."""
+    from seal.engines.verl.launch import build_verl_config
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    recipe = load_config("exp/SEAL.yaml", ["env.urls=[http://127.0.0.1:1]"])
+    assert build_verl_config(recipe, tmp_path / "a").ray_kwargs.ray_init.address == "local"
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    assert build_verl_config(recipe, tmp_path / "b").ray_kwargs.ray_init.get("address") is None
+
+
+def test_verl_processes_do_not_warn_about_engines_we_never_use():
+    import subprocess
+    import sys
+
+    from seal.engines.verl.launch import plugin_env_vars
+
+    code = "import warnings; warnings.simplefilter('default'); import verl.workers.engine"
+    loud = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONWARNINGS": ""})
+    quiet = subprocess.run([sys.executable, "-c", "import verl.workers.engine"], capture_output=True, text=True,
+                           timeout=300, env={**os.environ, **plugin_env_vars("cpu")})
+    assert quiet.returncode == 0, quiet.stderr
+    assert "engine is not available" not in quiet.stderr
+    if "engine is not available" not in loud.stderr:
+        pytest.skip("this verl build has every optional engine: nothing to quiet")

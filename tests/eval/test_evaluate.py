@@ -89,6 +89,24 @@ def test_empty_policy_scores_zero(tmp_path):
     assert any("every task scored 0 as expected" in n for n in summary["notes"])
 
 
+def test_a_spot_check_never_replaces_an_earlier_result(service_url, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    common = ["--policy", "empty", "--env-url", service_url, "--no-progress"]
+    assert ev.main([*common, "--tasks", "multi_turn_base_1,multi_turn_base_2"]) == 0
+    (first,) = (tmp_path / "evals").iterdir()
+    before = (first / "results.jsonl").read_text()
+    # A one-task spot check goes to its own default directory, not into the two-task result.
+    assert ev.main([*common, "--tasks", "multi_turn_base_1"]) == 0
+    assert sorted(p.name for p in (tmp_path / "evals").iterdir()) == sorted([first.name, "empty_multi_turn_base_1"])
+    # Another evaluation written into a non-empty --out is refused and leaves it untouched ...
+    assert ev.main([*common, "--tasks", "multi_turn_base_3", "--out", str(first)]) == 2
+    assert "refusing to overwrite" in capsys.readouterr().err
+    assert (first / "results.jsonl").read_text() == before
+    # ... unless asked to replace it.
+    assert ev.main([*common, "--tasks", "multi_turn_base_3", "--out", str(first), "--overwrite"]) == 0
+    assert [r["task_id"] for r in read_jsonl(first / "results.jsonl")] == ["multi_turn_base_3"]
+
+
 def test_official_availability_passes_the_anomaly(tmp_path, capsys):
     code = ev.main(["--policy", "ground_truth", "--tasks", "multi_turn_miss_func_49", "--official-availability",
                     "--out", str(tmp_path), "--no-progress"])
@@ -231,7 +249,8 @@ def test_run_evaluates_last_and_best_checkpoints(service_url, tmp_path):
     # Best = last: evaluated once, the results copied.
     (run / "checkpoints" / "best.json").write_text(json.dumps(
         {"step": 4, "path": "checkpoints/step_4", "metric": "val/accuracy/average", "value": 0.6}))
-    assert ev.main(args) == 0
+    assert ev.main(args) == 2  # eval/last and eval/best hold results: replaced only when asked
+    assert ev.main([*args, "--overwrite"]) == 0
     best = json.loads((run / "eval" / "best" / "summary.json").read_text())
     assert best["checkpoint"]["step"] == 4 and any("results copied" in n for n in best["notes"])
     assert any("optimistic" in n for n in best["notes"])

@@ -76,3 +76,36 @@ def test_ood_summary_averages_sub_categories():
     assert summary["accuracy"]["memory"] == 0.75 and summary["count"]["memory"] == 8
     assert summary["stderr"]["memory"] == pytest.approx(math.sqrt(0.5 * 0.5 / 4) / 2)
     assert summary["breakdown"]["memory_rec_sum"] == {"accuracy": 1.0, "stderr": 0.0, "count": 4}
+
+
+def test_default_eval_name_tells_subsets_and_rules_apart():
+    assert results.default_eval_name("empty", "eval") == "empty_eval"
+    assert results.default_eval_name("hf:runs/x/step_4", "eval", rules="official") == "hf_runs_x_step_4_eval_official"
+    one = results.default_eval_name("empty", "eval", ["multi_turn_base_3"])
+    two = results.default_eval_name("empty", "eval", ["multi_turn_base_3", "multi_turn_base_4"])
+    assert one == "empty_multi_turn_base_3" and two.startswith("empty_2tasks-") and two != "empty_eval"
+    # The same subset in another order is the same evaluation; another subset of the same size is not.
+    assert results.default_eval_name("empty", "eval", ["multi_turn_base_4", "multi_turn_base_3"]) == two
+    assert results.default_eval_name("empty", "eval", ["multi_turn_base_3", "multi_turn_base_5"]) != two
+    assert results.default_eval_name("empty", "eval", benchmark="bfcl_v4_memory") == "empty_bfcl_v4_memory"
+
+
+def test_a_non_empty_output_directory_is_refused_unless_resume_or_overwrite(tmp_path):
+    out = tmp_path / "eval"
+    results.claim_output_dir(out)  # absent: fine
+    out.mkdir()
+    results.claim_output_dir(out)  # empty: fine
+    (out / results.RESULTS_FILE).write_text('{"task_id": "multi_turn_base_1"}\n')
+    (out / results.SUMMARY_FILE).write_text("{}")
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="refusing to overwrite.*--resume.*--overwrite"):
+        results.claim_output_dir(out)
+    assert (out / results.RESULTS_FILE).read_text() == '{"task_id": "multi_turn_base_1"}\n'
+    results.claim_output_dir(out, resume=True)  # resume keeps everything
+    assert (out / results.RESULTS_FILE).is_file()
+    with pytest.raises(ValueError, match="give one"):
+        results.claim_output_dir(out, resume=True, overwrite=True)
+    results.claim_output_dir(out, overwrite=True)  # replaces the evaluation's own files only
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    with pytest.raises(ValueError, match="is a file"):
+        results.claim_output_dir(out / "notes.txt")

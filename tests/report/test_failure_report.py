@@ -131,3 +131,21 @@ def test_cli_single_and_compare(tmp_path: Path, capsys: pytest.CaptureFixture[st
     summary_only = write_eval_dir(tmp_path / "s", {c: 1 for c in CATEGORIES}, 10, results=False)
     assert cli.main([str(summary_only)]) == 2
     assert "no results.jsonl" in capsys.readouterr().err
+
+
+def test_the_report_names_every_failed_task() -> None:
+    records = [
+        {"task_id": "multi_turn_miss_func_7", "category": "multi_turn_miss_func", "accuracy": 0,
+         "failure_tags": ["state_mismatch"], "paper_labels": ["wrong_state"], "error": None},
+        {"task_id": "multi_turn_base_3", "category": "multi_turn_base", "accuracy": 1,
+         "failure_tags": ["pass"], "paper_labels": ["pass"], "error": None},
+        {"task_id": "multi_turn_base_9", "category": "multi_turn_base", "accuracy": 0,
+         "failure_tags": [], "paper_labels": [], "error": "PolicyError: a|b"},
+    ]
+    assert fr.failed_tasks(records) == [
+        ["multi_turn_base_9", "multi_turn_base", "–", "–", "PolicyError: a/b"],
+        ["multi_turn_miss_func_7", "multi_turn_miss_func", "wrong_state", "state_mismatch", "–"],
+    ]
+    report = fr.render_report(records, "t")
+    assert "## Failed tasks" in report and "| multi_turn_miss_func_7 |" in report
+    assert "| multi_turn_base_3 |" not in report  # passed tasks are not listed

@@ -75,6 +75,21 @@ def test_figure3_png_has_expected_size(tmp_path: Path) -> None:
     assert image.std() > 0.01  # not a blank canvas
 
 
+def test_figure3_has_a_training_reward_panel_and_no_axis_below_zero() -> None:
+    rewards = [training_line(step, {"pass": 1.0}, reward) for step, reward in ((1, 0.375), (2, 0.625), (3, 0.5))]
+    zero = [validation_line(0, counts(0, 0, 0, 0)), validation_line(3, counts(0, 0, 0, 0))]
+    figure = plots.figure3({"tiny": [*zero, *rewards]})
+    panels = {ax.get_title(): ax for ax in figure.axes}
+    assert list(panels) == ["Base", "Miss Func", "Miss Param", "Long Context", "Average", "Training reward (mean)"]
+    (line,) = panels["Training reward (mean)"].get_lines()
+    assert list(line.get_xdata()) == [1, 2, 3] and list(line.get_ydata()) == [0.375, 0.625, 0.5]
+    # all-zero validation: the axis starts at 0, not at -0.05
+    assert all(panels[t].get_ylim()[0] == 0.0 for t in ("Base", "Average"))
+    assert plots.training_curve([*rewards, training_line(2, {}, 0.75)]).values == (0.375, 0.75, 0.5)  # resumed
+    # a short run with training rewards and no validation line still gets its figure
+    assert plots.figure3({"short": rewards}).axes
+
+
 def test_failure_profile_png_and_missing_tags(tmp_path: Path) -> None:
     runs = {"SEAL": seal_lines(), "Vanilla RL": [validation_line(0, counts(1, 1, 1, 1))]}
     out = plots.plot_failure_profile(runs, tmp_path / "profile.png", panel_size_in=(4.0, 3.0), dpi=50)
@@ -95,7 +110,7 @@ def test_bad_metrics_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not a fraction"):
         plots.validation_curve([{"step": 0, "val/accuracy/multi_turn_base": 37.0}], "multi_turn_base")
     with pytest.raises(ValueError, match="without validation"):
-        plots.plot_validation_curves({"empty": [training_line(1, {"pass": 1.0})]}, tmp_path / "x.png")
+        plots.plot_validation_curves({"empty": [{"step": 1, "train/tag_frac/pass": 1.0}]}, tmp_path / "x.png")
 
 
 def test_cli_writes_both_pngs(tmp_path: Path) -> None:

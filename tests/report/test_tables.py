@@ -267,3 +267,24 @@ def test_tables_name_the_rules_profile_and_refuse_mixed_profiles(tmp_path: Path)
     assert tables.held_in_rules({"Qwen2.5-7B-Instruct": legacy}) == "release"
     with pytest.raises(ValueError, match="different rules profiles"):
         tables.held_in_rules({"Qwen2.5-7B-Instruct+SEAL": official, "Qwen2.5-7B-Instruct": legacy})
+
+
+def test_rows_from_another_split_or_a_subset_are_refused_unless_labelled(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    all_split = write_eval_dir(tmp_path / "all", {c: 80 for c in CATEGORIES}, 200, split="all", results=False)
+    two = write_eval_dir(tmp_path / "two", {"multi_turn_base": 1}, 2, split="tasks", results=False)
+    for directory, what in ((all_split, "split 'all'.*800 tasks"), (two, "split 'tasks'.*2 tasks")):
+        with pytest.raises(ValueError, match=f"row Qwen2.5-7B-Instruct\\+SEAL .*{what}.*--allow-mismatched"):
+            tables.load_held_in({"qwen7b+seal": directory})
+    assert make_tables.main(["--row", f"qwen7b+seal={all_split}"]) == 2
+    assert "not the held-in column's evaluation" in capsys.readouterr().err
+    # With the flag it is rendered, its label saying what it is, and no delta against the paper.
+    assert make_tables.main(["--row", f"qwen7b+seal={all_split}", "--allow-mismatched", "--tables", "held_in"]) == 0
+    markdown = capsys.readouterr().out
+    label = "Qwen2.5-7B-Instruct + SEAL (not comparable: split 'all', not 'eval'; 800 tasks"
+    (line,) = [line for line in markdown.splitlines() if line.startswith(f"| {label}")]
+    cells = [cell.strip() for cell in line.strip("|").split("|")]
+    assert cells[1] == "40.00 ± 1.73" and cells[3] == "–"  # 80/200 per category; sqrt(4 × .4 × .6 / 200) / 4
+    # The paper's own 400-task evaluation is accepted as before.
+    ok = write_eval_dir(tmp_path / "ok", COUNTS, results=False)
+    assert tables.held_in_mismatch(results.read_summary(ok)) is None

@@ -38,6 +38,18 @@ def test_infra_loss_above_the_share_stops_the_run():
     assert C.Recipe().env.max_infra_loss == 0.5
 
 
+def test_the_lost_service_error_names_the_log_that_exists(tmp_path):
+    step = [_rollout("infrastructure")] * 2
+    log = tmp_path / "env_service.log"
+    # The run attached to a service it did not start: there is no log of its own to point at.
+    with pytest.raises(EnvServiceLost, match="did not start that service") as lost:
+        check_infra_loss(step, 0.5, "http://127.0.0.1:1", log)
+    assert str(log) not in str(lost.value)
+    log.write_text("service output\n")
+    with pytest.raises(EnvServiceLost, match=f"log: {log}"):
+        check_infra_loss(step, 0.5, "http://127.0.0.1:1", log)
+
+
 def _saved_state(tmp_path: Path) -> Path:
     seal_cfg = C.load_config(EXP / "SEAL.yaml", []).seal
     controller = SealController(seal_cfg)

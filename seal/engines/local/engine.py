@@ -268,11 +268,13 @@ def training_requests(cfg: C.Recipe, tasks: Sequence[Task], omega: dict | None, 
 def play(run: LocalRun, requests: list[EpisodeRequest], params: SamplingParams,
          reward_fn: Callable[[dict], float], desc: str) -> list[Rollout]:
     """Run the episodes against the env service (one event loop per batch) with a progress bar."""
-    return asyncio.run(_play(run.cfg, run.generate, run.tokenizer, requests, params, reward_fn, desc))
+    return asyncio.run(_play(run.cfg, run.generate, run.tokenizer, requests, params, reward_fn, desc,
+                             service_log=run.run.env_service_log))
 
 
 async def _play(cfg: C.Recipe, generate: GenerateFn, tokenizer: Any, requests: list[EpisodeRequest],
-                params: SamplingParams, reward_fn: Callable[[dict], float], desc: str) -> list[Rollout]:
+                params: SamplingParams, reward_fn: Callable[[dict], float], desc: str,
+                service_log: Path | None = None) -> list[Rollout]:
     bar = progress(len(requests), desc)
     try:
         async with EnvClient(list(cfg.env.urls), timeout=cfg.env.timeout_s,
@@ -281,7 +283,8 @@ async def _play(cfg: C.Recipe, generate: GenerateFn, tokenizer: Any, requests: l
                                        concurrency=cfg.rollout.concurrency, reward_fn=reward_fn,
                                        max_restarts=cfg.env.max_restarts, on_done=lambda i, r: bar.update(1))
         # Loud, never a silent run.
-        check_infra_loss([r.record() for r in rollouts], cfg.env.max_infra_loss, ", ".join(cfg.env.urls))
+        check_infra_loss([r.record() for r in rollouts], cfg.env.max_infra_loss, ", ".join(cfg.env.urls),
+                         service_log)
         return rollouts
     finally:
         bar.close()

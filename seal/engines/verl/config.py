@@ -289,10 +289,15 @@ def to_verl_config(cfg: C.Recipe, run_dir: str | os.PathLike[str] | None = None,
     for item in overrides:
         key, value, add = parse_verl_override(item)
         if not add and not _has_key(verl_cfg, key):
-            raise KeyError(f"verl override {item!r}: verl 0.9.1's defaults have no key {key!r} "
-                           f"(check the spelling, or write +{key}=... to add a key verl's defaults lack)")
+            from seal.recipe.spelling import did_you_mean, dotted_keys
+
+            raise KeyError(f"verl override {item!r}: verl 0.9.1's defaults have no key {key!r}"
+                           f"{did_you_mean(key, dotted_keys(verl_cfg))} (check the spelling, or write "
+                           f"+verl.{key}=... on the launcher's command line to add a key verl's defaults lack)")
         if add and _has_key(verl_cfg, key):
             raise KeyError(f"verl override {item!r}: {key!r} exists in verl's defaults; drop the '+'")
+        if not add:
+            check_verl_value(verl_cfg, key, value)
         _set(verl_cfg, key, value)
     with open_dict(verl_cfg):
         verl_cfg.seal = {"run_dir": str(run), "recipe": C.to_container(cfg)}
@@ -309,6 +314,48 @@ def parse_verl_override(item: str) -> tuple[str, Any, bool]:
     if not sep or not key or any(not part for part in key.split(".")):
         raise KeyError(f"verl override {item!r}: expected <verl key>=<value> or +<verl key>=<value>")
     return key, OmegaConf.from_dotlist([f"v={raw}"]).v, add
+
+
+def verl_key_type(cfg: DictConfig, key: str) -> type | None:
+    """The scalar type verl declares for `key` (bool, int, float or str), or None when it declares none.
+
+    From the field of the dataclass verl binds the key's section to (its `_target_`, e.g.
+    `verl.workers.config.RolloutConfig`), else from the kind of verl's default value."""
+    parent, _, leaf = key.rpartition(".")
+    target = OmegaConf.select(cfg, f"{parent}._target_" if parent else "_target_", default=None)
+    if isinstance(target, str) and target.startswith("verl."):
+        import dataclasses
+        import importlib
+        import typing
+
+        module, _, name = target.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module), name)
+            hints = typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
+        except Exception:  # an unimportable target (e.g. a GPU-only module): fall back to the default's kind
+            hints = {}
+        declared = hints.get(leaf)
+        args = [a for a in typing.get_args(declared) if a is not type(None)]
+        if declared in (bool, int, float, str):
+            return declared
+        if len(args) == 1 and args[0] in (bool, int, float, str):  # Optional[X]
+            return args[0]
+    default = OmegaConf.select(cfg, key, default=None, throw_on_missing=False)
+    return type(default) if type(default) in (bool, int, float, str) else None
+
+
+def check_verl_value(cfg: DictConfig, key: str, value: Any) -> None:
+    """Refuse a verl override whose value is not of the type verl's config declares for the key (verl's own
+    schema is only applied later, on GPU workers, or not at all): `num_workers=sixteen` fails here."""
+    expected = verl_key_type(cfg, key)
+    if expected is None or value is None:
+        return
+    fits = {bool: isinstance(value, bool), int: isinstance(value, int) and not isinstance(value, bool),
+            float: isinstance(value, (int, float)) and not isinstance(value, bool),
+            str: isinstance(value, (str, int, float)) and not isinstance(value, bool)}[expected]
+    if not fits:
+        raise KeyError(f"verl override {key}={value!r}: verl's config declares {key!r} as {expected.__name__}, "
+                       f"got {type(value).__name__}")
 
 
 def _set(cfg: DictConfig, key: str, value: Any) -> None:

@@ -20,6 +20,8 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import re
+import warnings
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -80,8 +82,14 @@ def check_env_services(urls: Sequence[str], timeout: float = 5.0) -> None:
         log.warning("env replica %s does not answer; episodes go to the others", url)
 
 
+# verl warns in every process that imports its engines about optional backends we never use (dozens of lines
+# per run); Python's -W syntax: action:message prefix:category.
+QUIET_WARNINGS = tuple(f"ignore:{name} engine is not available:UserWarning"
+                       for name in ("torchtitan", "veomni", "automodel", "mindspeed", "megatron"))
+
+
 def plugin_env_vars(device: str = "cuda") -> dict[str, str]:
-    """Environment for every Ray process: load our plugin, find our packages, wandb offline without a key;
+    """Environment for every Ray process: load our plugin, find our packages;
     on the CPU path the plugin also installs the adapter's CPU patches (`SEAL_VERL_DEVICE=cpu`)."""
     repo = str(C.REPO_ROOT)
     modules = [m for m in os.environ.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m]
@@ -91,9 +99,9 @@ def plugin_env_vars(device: str = "cuda") -> dict[str, str]:
     env = {
         "VERL_USE_EXTERNAL_MODULES": ",".join(modules),
         "PYTHONPATH": os.pathsep.join([repo, *[p for p in path if p != repo]]),
+        "PYTHONWARNINGS": ",".join([*filter(None, os.environ.get("PYTHONWARNINGS", "").split(",")),
+                                    *QUIET_WARNINGS]),
     }
-    if not os.environ.get("WANDB_API_KEY"):
-        env["WANDB_MODE"] = os.environ.get("WANDB_MODE", "offline")
     if device == "cpu":
         from seal.engines.verl.plugin import DEVICE_ENV
 
@@ -123,9 +131,17 @@ def build_verl_config(cfg: C.Recipe, run_dir: str | os.PathLike[str],
         current = OmegaConf.select(ray_init, "runtime_env.env_vars")
         env_vars = dict(OmegaConf.to_container(current, resolve=True)) if current is not None else {}
         env_vars.update(plugin_env_vars(cfg.trainer.device))
+        if "wandb" in cfg.trainer.logger:  # wandb's conventions, and a resumed run continues its wandb run
+            from seal.logging_utils import wandb_env
+
+            env_vars.update(wandb_env(run.root, resume=cfg.trainer.resume != "disable"))
         ray_init.runtime_env.env_vars = env_vars
         if cfg.trainer.nnodes > 1 and not os.environ.get("RAY_ADDRESS"):
             ray_init.address = "auto"  # join the cluster started with `ray start` on every node
+        elif not os.environ.get("RAY_ADDRESS") and OmegaConf.select(ray_init, "address") is None:
+            # One node: a Ray cluster of this run's own. Without an address Ray joins the machine's last
+            # `ray start` cluster, where a second run shares (and, ending, stops) the first one's workers.
+            ray_init.address = "local"
     return verl_cfg
 
 
@@ -155,6 +171,8 @@ def train(cfg: C.Recipe, run_dir: str | os.PathLike[str], overrides: Sequence[st
     check_env_services(list(cfg.env.urls))
     verl_cfg = build_verl_config(cfg, run_dir, overrides)
     os.environ.update(plugin_env_vars(cfg.trainer.device))  # this process too (the TaskRunner inherits ray_init's env)
+    for entry in QUIET_WARNINGS:  # this process read PYTHONWARNINGS at its start: the same filters by hand
+        warnings.filterwarnings("ignore", message=re.escape(entry.split(":")[1]), category=UserWarning)
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config

@@ -92,7 +92,8 @@ class SealTrainer(TrainerAdapter):
                        metrics: dict) -> None:
         """C_t from the step's real rollouts, then GRPO and A-Patch on the batch (`seal_advantages`)."""
         episodes = [r for r in records if r is not None]  # None: verl's padding rows
-        check_infra_loss(episodes, self.recipe.env.max_infra_loss, ", ".join(self.recipe.env.urls))
+        check_infra_loss(episodes, self.recipe.env.max_infra_loss, ", ".join(self.recipe.env.urls),
+                         self.run.env_service_log)
         metrics.update(self.controller.observe(episodes, self.global_steps))
         metrics.update(seal_advantages(data, records, self.controller, self.global_steps,
                                        algorithm=self.config.algorithm,

@@ -1,0 +1,246 @@
+"""Start a SEAL training run from a recipe (`seal-train`, or `python launcher.py` in the project).
+
+    seal-train --conf exp/SEAL.yaml [key=value ...] [verl.<verl key>=value ...] [--dry-run]
+    seal-train                               # the embedded default, exp/tiny_cpu.yaml (CPU, minutes)
+
+It works from any directory: a relative `--conf` is taken from the cwd, else from the project; relative data
+files from the cwd when they exist there, else from the project (`seal.recipe.data_file`); the run directory
+`<run_root>/<experiment_name>` from the cwd.
+
+1. Composes and validates the recipe (`seal.recipe.load_config`); `--dry-run` prints it (for engine verl
+   also the resolved verl config) and exits. `verl.<key>=value` sets a key of verl's config directly,
+   `+verl.<key>=value` adds one verl's defaults lack (Hydra's convention); engine verl only.
+2. `engine: verl` needs GPUs: without CUDA it stops at once and points to `exp/tiny_cpu.yaml`.
+3. Writes the resolved config to `<run_root>/<experiment_name>/config.yaml` (the run directory,
+   `seal/run_dir.py`, docs/run_directory.md).
+4. The run's env service (`python -m env_service` with the recipe's step limit and availability flags):
+   with `env.urls` empty (the default) the run starts its own on a free loopback port, so runs side by
+   side never share one; with a URL that answers, the run uses that service and never stops it; with a
+   loopback URL that does not answer (and `env.start_service`), the run starts one there. A service the
+   run started is stopped when the launcher exits, also on Ctrl-C, SIGTERM or an error; its log goes to
+   `<run dir>/env_service.log`.
+5. Runs the engine: `seal.engines.local.engine.train(cfg, run_dir)` or `seal.engines.verl.launch.train(cfg, run_dir)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
+
+from env_service.process import ServiceStartError, healthy, running_service
+
+if TYPE_CHECKING:
+    from seal.recipe import Recipe
+    from seal.run_dir import RunDir
+
+REPO = Path(__file__).resolve().parents[1]
+
+log = logging.getLogger("seal.launcher")
+
+NO_GPU_MESSAGE = (
+    "engine 'verl' needs CUDA GPUs (verl runs vLLM rollouts and FSDP training on GPUs), and none is "
+    "visible here (torch.cuda.is_available() is False).\n"
+    "On a CPU-only machine run the embedded local engine instead:\n"
+    "    python launcher.py --conf exp/tiny_cpu.yaml\n"
+    "or set engine=local with a small model (see exp/README.md)."
+)
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+VERL_PREFIX = "verl."
+
+
+def split_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
+    """(recipe overrides, verl overrides): `verl.k=v` -> `k=v`, `+verl.k=v` -> `+k=v`."""
+    recipe, verl = [], []
+    for item in overrides:
+        plus = item.startswith("+")
+        body = item[1:] if plus else item
+        if body.startswith(VERL_PREFIX):
+            verl.append(("+" if plus else "") + body[len(VERL_PREFIX):])
+        else:
+            recipe.append(item)
+    return recipe, verl
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="seal-train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--conf", default=None, help="recipe YAML (default: exp/tiny_cpu.yaml)")
+    p.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--log-level", default="INFO")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.n=4 trainer.total_training_steps=2")
+    return p.parse_intermixed_args(argv)  # overrides may come before or after the options
+
+
+def start_service(url: str, args: list[str], log_path: Path) -> contextlib.AbstractContextManager:
+    """The env service as a child on the recipe's loopback address (stopped when the context exits)."""
+    parsed = urlparse(url)
+    if parsed.hostname not in LOOPBACK_HOSTS or parsed.port is None:
+        raise SystemExit(f"env service at {url} does not answer, and the launcher only starts one on a "
+                         "loopback address with an explicit port; start it yourself or fix env.urls")
+    log.info("starting env service on %s %s (log: %s)", url, " ".join(args), log_path)
+    return running_service(args, host=parsed.hostname, port=parsed.port, log_path=log_path, timeout=300.0)
+
+
+@contextlib.contextmanager
+def run_env_service(cfg: Recipe, run: RunDir) -> Iterator[Recipe]:
+    """The run's env service for the time of the run; yields `cfg` with the URLs the engines use.
+
+    `env.urls` empty: a service of this run's own on a free loopback port (stopped at the end). A named URL
+    that answers: used, never stopped (this run did not start it). A named loopback URL that does not answer:
+    started there when `env.start_service` (and then stopped at the end)."""
+    from seal.recipe import env_service_args
+
+    os.environ.setdefault("BFCL_PROJECT_ROOT", str(REPO / "runs" / ".bfcl_root"))
+    urls = [str(u) for u in cfg.env.urls]
+    if not urls:
+        log.info("starting the run's own env service on a free loopback port (log: %s)", run.env_service_log)
+        with running_service(env_service_args(cfg), log_path=run.env_service_log, timeout=300.0) as (url, _proc):
+            log.info("env service ready at %s", url)
+            yield dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, urls=[url]))
+        return
+    if healthy(urls[0]):
+        log.info("using the env service already answering at %s: this run did not start it and will not stop "
+                 "it (its step-limit/availability flags and its log are its own, not the recipe's)", urls[0])
+        service: contextlib.AbstractContextManager = contextlib.nullcontext()
+    elif cfg.env.start_service:
+        service = start_service(urls[0], env_service_args(cfg), run.env_service_log)
+    else:
+        raise SystemExit(f"no env service answers at {urls[0]} and env.start_service is false")
+    with service:
+        for url in urls[1:]:
+            if not healthy(url):
+                log.warning("env replica %s does not answer; the client will retry and fail over", url)
+        yield cfg
+
+
+def _raise_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds through the finally blocks that stop the service
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from seal.logging_utils import setup_console_logging
+    from seal.recipe import ConfigError, load_config, run_dir, save_config, to_yaml, with_data_files
+    from seal.run_dir import RunDir
+
+    setup_console_logging(args.log_level)
+    recipe_overrides, verl_overrides = split_overrides(args.overrides)
+    try:
+        cfg = with_data_files(load_config(_recipe_file(args.conf), recipe_overrides))
+    except ConfigError as exc:
+        print(f"launcher: {exc}", file=sys.stderr)
+        return 2
+    if verl_overrides and cfg.engine != "verl":
+        print(f"launcher: verl.* overrides {verl_overrides} need engine: verl (the recipe says {cfg.engine!r})",
+              file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(to_yaml(cfg), end="")
+        if cfg.engine == "verl":
+            from omegaconf import OmegaConf
+
+            from seal.engines.verl.config import to_verl_config
+
+            try:
+                verl_cfg = to_verl_config(cfg, run_dir(cfg), verl_overrides)
+            except KeyError as exc:
+                print(f"launcher: {exc.args[0]}", file=sys.stderr)
+                return 2
+            print("# ---- the resolved verl config (seal.engines.verl.config.to_verl_config) ----")
+            from seal.engines.data import wants_subset
+            from seal.run_dir import RunDir
+
+            run = RunDir(Path(run_dir(cfg)).resolve())
+            d = cfg.data
+            splits = (("train", d.max_train_tasks, d.train_task_ids), ("val", d.max_val_tasks, d.val_task_ids))
+            for split, n, ids in splits:
+                if wants_subset(n, ids):
+                    print(f"# data.{split}_files: the run writes its task subset to {run.subset_file(split)} "
+                          "and verl reads that file")
+            print(OmegaConf.to_yaml(verl_cfg), end="")
+        return 0
+    from seal.rollout.client import export_token
+
+    export_token(cfg.env.token_env)  # the started service and every client read $SEAL_ENV_TOKEN
+    if cfg.engine == "verl" and cfg.trainer.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            print(f"launcher: {NO_GPU_MESSAGE}", file=sys.stderr)
+            return 3
+    run = RunDir(run_dir(cfg))
+    changed = resumed_config_changes(cfg, run)
+    if changed:
+        print(f"launcher: {run.root} holds a run this one would resume (trainer.resume={cfg.trainer.resume}), "
+              f"but its config.yaml differs: {'; '.join(changed)}. Resume with the same recipe and overrides, "
+              "or give another experiment_name, or trainer.resume=disable to start over", file=sys.stderr)
+        return 2
+    run.root.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run.config_file)
+    log.info("run directory: %s", run.root)
+    signal.signal(signal.SIGTERM, _raise_on_sigterm)
+
+    try:
+        with run_env_service(cfg, run) as cfg:
+            if cfg.engine == "local":
+                from seal.engines.local.engine import train
+            else:
+                from seal.engines.verl.launch import train  # written for GPU machines; imported only here
+            result = train(cfg, run.root, verl_overrides) if verl_overrides else train(cfg, run.root)
+            log.info("done: %s", result)
+            return 0
+    except ServiceStartError as exc:
+        print(f"launcher: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        log.warning("interrupted")
+        return 130
+
+
+def resumed_config_changes(cfg: Recipe, run: RunDir) -> list[str]:
+    """The keys whose value differs from the `config.yaml` of the run this launch resumes (`trainer.resume`
+    auto or a checkpoint, and a checkpoint there), as `key: was -> now`; empty otherwise. A resumed run keeps
+    the recipe it started with: its checkpoints and metrics were made under it."""
+    import yaml
+
+    from seal.recipe import data_file, to_container
+
+    if cfg.trainer.resume == "disable" or not run.config_file.is_file() or not run.checkpoints.saved_steps():
+        return []
+
+    def leaves(tree: Any, prefix: str = "") -> dict[str, Any]:
+        if not isinstance(tree, dict):
+            return {prefix: tree}
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            out.update(leaves(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+
+    was = leaves(yaml.safe_load(run.config_file.read_text(encoding="utf-8")) or {})
+    now = leaves(to_container(cfg))
+    for key in ("data.train_files", "data.val_files"):  # a run saved before paths were made absolute
+        if isinstance(was.get(key), str):
+            was[key] = str(data_file(was[key]))
+    return [f"{key}: {was.get(key)!r} -> {now.get(key)!r}" for key in sorted(set(was) | set(now))
+            if was.get(key) != now.get(key)]
+
+
+def _recipe_file(conf: str | None) -> Path | None:
+    """`--conf` from the cwd when it exists there, else from the project (`exp/tiny_cpu.yaml` from anywhere)."""
+    if conf is None:
+        return None
+    path = Path(conf).expanduser()
+    return path if path.is_absolute() or path.exists() or not (REPO / path).exists() else REPO / path
+
+
+if __name__ == "__main__":
+    sys.exit(main())
