@@ -134,6 +134,12 @@ def _convert(src: Path, out: Path) -> None:
         raise RuntimeError(f"{src}: unexpected architecture ({model.config.num_hidden_layers} layers, "
                            f"{model.config.max_position_embeddings} positions)")
     model.config.bos_token_id, model.config.eos_token_id, model.config.pad_token_id = BOS_ID, EOS_ID, PAD_ID
+    # transformers >= 5.1x keeps its GGUF quantizer on the loaded model and then refuses `save_pretrained`
+    # ("not serializable"), although the weights were dequantized on load: what is saved is a plain float model.
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer = None
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
     model.generation_config = GenerationConfig(bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
