@@ -41,6 +41,7 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cpu_patched():
+    import seal.engines.verl.trainer  # noqa: F401  - before the adapter, as the plugin does (no import cycle)
     from seal.engines.verl.adapter import install_cpu_patches, patch_vllm_weight_sync
 
     install_cpu_patches()

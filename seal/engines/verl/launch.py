@@ -187,6 +187,9 @@ def train(cfg: C.Recipe, run_dir: str | os.PathLike[str], overrides: Sequence[st
     run = RunDir(run_dir)
     run.root.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(verl_cfg, run.verl_config_file)
+    from seal.engines.verl.adapter import remove_orphaned_shm, shm_segments
+
+    shm_before = shm_segments()
     try:
         run_ppo(verl_cfg, task_runner_class=TaskRunnerV1)
     finally:
@@ -194,3 +197,4 @@ def train(cfg: C.Recipe, run_dir: str | os.PathLike[str], overrides: Sequence[st
             import ray
 
             ray.shutdown()  # the CPU path is run from tests and laptops: leave no Ray processes behind
+            remove_orphaned_shm(shm_before)  # what the processes Ray killed could not unlink
