@@ -16,7 +16,8 @@ Failures are logged as warnings (verl swallows plugin exceptions at debug level)
 
 With `SEAL_VERL_DEVICE=cpu` (set for every Ray process of a `trainer.device: cpu` run) it also installs
 `seal.engines.verl.adapter.install_cpu_patches` at once: that path imports verl's packages, which is why
-it is not the default.
+it is not the default; and it hooks `CPU_HOOKS` (the adapter's vLLM weight-sync patch, run once verl's vLLM
+utilities are imported, in vLLM's engine process too).
 """
 
 from __future__ import annotations
