@@ -55,11 +55,14 @@ def build_tiny_qwen2(
     layers: int = 1,
     seed: int = 0,
     tokenizer_cache_dir: str | os.PathLike | None = None,
+    heads: int = 4,
+    kv_heads: int = 2,
 ) -> Path:
     """Save a random `Qwen2ForCausalLM` plus the offline Qwen2.5 tokenizer into `out_dir`.
 
     The directory loads with `AutoModelForCausalLM.from_pretrained(out_dir)` and
-    `AutoTokenizer.from_pretrained(out_dir)`. Same `seed` and sizes give identical weights.
+    `AutoTokenizer.from_pretrained(out_dir)`. Same `seed` and sizes give identical weights. vLLM's CPU
+    attention needs a head size (`hidden / heads`) of at least 32: e.g. hidden 64 with 2 heads, 1 KV head.
     Returns the directory path.
     """
     import torch
@@ -67,7 +70,7 @@ def build_tiny_qwen2(
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    config = tiny_qwen2_config(hidden=hidden, layers=layers)
+    config = tiny_qwen2_config(hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads)
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
     model.generation_config = GenerationConfig(

@@ -183,6 +183,10 @@ class RolloutConfig:
     deterministic_generation: bool = knob(False, source="ours",
                                           help="local engine: one model call at a time, so a resumed run repeats "
                                                "the uninterrupted one bit for bit (batched: up to rounding)")
+    check_template: bool = knob(False, source="ours",
+                                help="verl engine: every observation's tokens are also checked against a full "
+                                     "re-render of the conversation with the model's chat template (O(conversation) "
+                                     "per call; tests and new models)")
 
 
 @dataclass(frozen=True)

@@ -1,68 +1,18 @@
 """The pieces of the verl CPU path and of the GPU-path fixes that run without Ray.
 
-- the `hf` rollout server (seal.engines.verl.hf_rollout): token-in/token-out generation whose log-probs
-  are those of a full forward pass of the same model, and weight updates by Hugging Face name;
 - `model.attn_implementation` in verl's config, `verl.` / `+verl.` overrides, `--dry-run` for engine verl;
 - the CPU mapping (`trainer.device: cpu`).
 """
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
-import torch
 
 pytest.importorskip("verl")
 
 from seal import launcher  # noqa: E402
 from seal.engines.verl import config as vc  # noqa: E402
 from seal.recipe import load_config  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from seal.tiny_model import build_tiny_qwen2
-
-    return build_tiny_qwen2(tmp_path_factory.mktemp("tiny"), hidden=32, layers=1)
-
-
-def _full_forward_logprobs(model, prompt, ids, temperature):
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1]
-    return torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(ids)[:, None])[:, 0]
-
-
-def test_hf_server_logprobs_match_a_full_forward_and_weights_update(tiny):
-    from transformers import AutoModelForCausalLM
-
-    from seal.engines.verl.hf_rollout import HFRolloutServer
-
-    server = HFRolloutServer(str(tiny), max_model_len=64)
-    prompt = [9707, 11, 1879, 0, 151644]
-    params = {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "max_tokens": 8, "logprobs": True}
-    out = asyncio.run(server.generate(prompt, params, request_id="r"))
-    assert 1 <= len(out.token_ids) <= 8 and len(out.log_probs) == len(out.token_ids)
-    assert out.extra_fields["global_steps"] is None and out.stop_reason == "completed"
-    ref = AutoModelForCausalLM.from_pretrained(str(tiny), attn_implementation="sdpa").eval()
-    # verl's actor recomputes log_softmax(logits / T) before top-p/top-k truncation: so does the server.
-    torch.testing.assert_close(torch.tensor(out.log_probs), _full_forward_logprobs(ref, prompt, out.token_ids, 0.7),
-                               atol=1e-4, rtol=1e-4)
-
-    # The context left by max_model_len caps max_tokens; a prompt that leaves none is refused.
-    assert len(asyncio.run(server.generate(list(range(60)), dict(params, max_tokens=50), "r2")).token_ids) <= 4
-    with pytest.raises(ValueError, match="no room"):
-        asyncio.run(server.generate(list(range(64)), params, "r3"))
-
-    # New weights by Hugging Face name (the tied lm_head alias included); the next generation uses them.
-    state = {k: torch.zeros_like(v) for k, v in ref.state_dict().items()}
-    assert server.update_weights(state, global_steps=4) == len(state)
-    greedy = asyncio.run(server.generate(prompt, {"temperature": 0, "max_tokens": 3}, "r4"))
-    assert greedy.extra_fields["global_steps"] == 4
-    # All-zero weights: uniform next-token distribution over the vocabulary.
-    assert greedy.log_probs[0] == pytest.approx(-torch.log(torch.tensor(float(ref.config.vocab_size))).item(), 1e-4)
-    with pytest.raises(KeyError, match="lacks"):
-        server.update_weights({"not.a.weight": torch.zeros(1)})
 
 
 def test_attention_backend_reaches_verl_and_auto_resolves(monkeypatch):
@@ -123,7 +73,12 @@ def test_cpu_mapping():
     cfg = load_config("exp/tiny_verl_cpu.yaml", [])
     v = vc.to_verl_config(cfg, "/tmp/x")
     a = v.actor_rollout_ref
-    assert a.rollout.name == vc.CPU_ROLLOUT_ENGINE and v.trainer.device == "cpu"
+    # The GPU recipe's rollout: verl's vLLM async servers (vLLM's CPU build), with the CPU settings.
+    assert a.rollout.name == "vllm" and a.rollout.mode == "async" and v.trainer.device == "cpu"
+    assert a.rollout.enable_sleep_mode is False and a.rollout.free_cache_engine is False and a.rollout.enforce_eager
+    assert a.rollout.checkpoint_engine.update_weights_bucket_megabytes == vc.CPU_WEIGHT_BUCKET_MB
+    assert a.rollout.engine_kwargs.vllm.kv_cache_memory_bytes == vc.CPU_KV_CACHE_BYTES
+    assert a.rollout.max_model_len == 8192 and v.seal.recipe.rollout.check_template
     assert a.actor.strategy == a.ref.strategy == "fsdp2"
     assert dict(a.actor.fsdp_config.mixed_precision) == vc.FP32_MIXED_PRECISION
     assert v.ray_kwargs.ray_init.num_gpus == 1 and a.model.use_fused_kernels

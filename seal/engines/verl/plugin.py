@@ -16,7 +16,8 @@ Failures are logged as warnings (verl swallows plugin exceptions at debug level)
 
 With `SEAL_VERL_DEVICE=cpu` (set for every Ray process of a `trainer.device: cpu` run) it also installs
 `seal.engines.verl.adapter.install_cpu_patches` at once: that path imports verl's packages, which is why
-it is not the default.
+it is not the default; and it hooks `CPU_HOOKS` (the adapter's vLLM weight-sync patch, run once verl's vLLM
+utilities are imported, in vLLM's engine process too).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from types import ModuleType
 
 log = logging.getLogger(__name__)
 
-# verl package -> our module that registers with it when imported.
+# verl package -> our module that registers with it when imported (`module:function`: then that function is
+# called too).
 HOOKS: dict[str, str] = {
     "verl.experimental.agent_loop": "seal.engines.verl.agent_loop",
     "verl.trainer.ppo.v1": "seal.engines.verl.trainer",
@@ -44,15 +46,17 @@ _done: set[str] = set()
 
 def _register(target: str) -> None:
     """Import `HOOKS[target]` once (it registers itself); log instead of raising."""
-    module = HOOKS[target]
+    module, _, function = HOOKS[target].partition(":")
     with _lock:
         if target in _done:
             return
         _done.add(target)
     try:
-        importlib.import_module(module)
+        loaded = importlib.import_module(module)
+        if function:
+            getattr(loaded, function)()
     except Exception as exc:  # a broken registration must not break verl's own import
-        log.warning("seal verl plugin: importing %s (after %s) failed: %r", module, target, exc)
+        log.warning("seal verl plugin: %s (after %s) failed: %r", HOOKS[target], target, exc)
 
 
 class _AfterExec(importlib.abc.Loader):
@@ -94,14 +98,25 @@ _FINDER = _PostImportFinder()
 DEVICE_ENV = "SEAL_VERL_DEVICE"  # "cpu": this process runs verl's GPU workers on CPU (exp/tiny_verl_cpu.yaml)
 
 
+# CPU path only: verl module -> the adapter function that patches it once it is imported (it imports vLLM,
+# which most verl processes never load).
+CPU_HOOKS: dict[str, str] = {
+    "verl.workers.rollout.vllm_rollout.utils": "patch_vllm_weight_sync",
+}
+
+
 def install_cpu_path() -> None:
     """On the CPU path only: our trainer module first (it pulls in the adapter without an import cycle),
-    then the adapter's CPU patches, before any verl worker asks for its device."""
+    then the adapter's CPU patches, before any verl worker asks for its device; `CPU_HOOKS` join `HOOKS`."""
     try:
         importlib.import_module("seal.engines.verl.trainer")
         importlib.import_module("seal.engines.verl.adapter").install_cpu_patches()
     except Exception as exc:
         log.warning("seal verl plugin: the CPU patches failed: %r", exc)
+        return
+    for target, function in CPU_HOOKS.items():
+        HOOKS[target] = f"seal.engines.verl.adapter:{function}"
+    install()
 
 
 def install() -> None:
