@@ -266,12 +266,13 @@ def test_cue_prevalence_over_failures_is_the_release_cue_rule():
 
 
 def test_cue_tie_break_by_name_or_first_seen_as_the_release():
-    from seal.core.capability import CapabilityState, TrajectoryRecord
+    from seal.core.capability import CapabilityState
+    from seal.core.record import EpisodeRecord
 
     state = CapabilityState("progress")
     # two failure tags of equal pressure; state_mismatch is seen first, but sorts after empty_turn by name
-    state.observe([TrajectoryRecord("multi_turn_base_0", (STATE,), 0.0, False)] * 10
-                  + [TrajectoryRecord("multi_turn_long_context_0", (EMPTY,), 0.0, False)] * 10)
+    state.observe([EpisodeRecord("multi_turn_base_0", failure_tags=(STATE,), accuracy=0.0)] * 10
+                  + [EpisodeRecord("multi_turn_long_context_0", failure_tags=(EMPTY,), accuracy=0.0)] * 10)
     p = state.profile("window")
     assert p.tags[STATE].pressure == p.tags[EMPTY].pressure
     assert p.first_seen == (STATE, EMPTY)
