@@ -28,7 +28,8 @@ RUN_TIMEOUT_S = 1500
 
 
 def _launch(run_root: Path, port: int, *extra: str) -> str:
-    env = dict(os.environ, PYTHONPATH=str(REPO), BFCL_PROJECT_ROOT=str(run_root / "bfcl_root"))
+    env = dict(os.environ, PYTHONPATH=str(REPO), BFCL_PROJECT_ROOT=str(run_root / "bfcl_root"),
+               SEAL_MODEL_CACHE=str(run_root))  # model.build_tiny builds only inside the model cache
     cmd = [sys.executable, "launcher.py", "--conf", "exp/tiny_verl_cpu.yaml", f"run_root={run_root}",
            f"env.urls=[http://127.0.0.1:{port}]", "model.path=" + str(run_root / "tiny_qwen2"), *extra]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)

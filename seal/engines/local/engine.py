@@ -137,6 +137,8 @@ def setup(cfg: C.Recipe, run_dir: str | os.PathLike[str], generate_factory: Gene
     load_path = resume_from if resume_from is not None else base_path
     tokenizer = AutoTokenizer.from_pretrained(str(load_path))
     model = AutoModelForCausalLM.from_pretrained(str(load_path), dtype=torch.float32).to(device)
+    if cfg.actor.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
     model.eval()
     ref_model = None
     if cfg.actor.use_kl_loss:
@@ -431,17 +433,22 @@ def hf_generator(cfg: C.Recipe, model: Any, tokenizer: Any, device: torch.device
                        max_batch_tokens=rollout.generation_batch_tokens)
 
 
+def enable_gradient_checkpointing(model: Any) -> None:
+    """`actor.gradient_checkpointing`: each decoder layer's activations are recomputed in the backward pass
+    instead of kept (transformers applies it in train mode only, so generation and log-prob passes are
+    unchanged). Non-reentrant checkpointing: it needs no inputs that require grad and keeps RNG state."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def prepare_model_path(cfg: C.Recipe) -> Path:
-    """The model directory; builds the tiny random Qwen2 there first when `model.build_tiny` is on."""
+    """The model directory; with `model.build_tiny` the tiny random Qwen2, built first when missing (only inside
+    the model cache, `seal.tiny_model.prepare_tiny_model`)."""
     path = Path(cfg.model.path)
     if cfg.model.build_tiny:
-        if not (path / "config.json").is_file():
-            from seal.tiny_model import build_tiny_qwen2
+        from seal.tiny_model import prepare_tiny_model
 
-            log.info("building a tiny random Qwen2 at %s", path)
-            build_tiny_qwen2(path, hidden=cfg.model.tiny.hidden, layers=cfg.model.tiny.layers,
-                             seed=cfg.model.tiny.seed)
-        return path
+        return prepare_tiny_model(path, hidden=cfg.model.tiny.hidden, layers=cfg.model.tiny.layers,
+                                  seed=cfg.model.tiny.seed)
     return path if path.exists() else Path(cfg.model.path)  # a hub id: transformers resolves it
 
 
@@ -542,6 +549,8 @@ def ppo_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Optimiz
     from verl.trainer.ppo.core_algos import agg_loss, compute_policy_loss_vanilla, kl_penalty
 
     actor = cfg.actor
+    if no_learning_signal(data, actor):
+        return skipped_update_metrics(optimizer, actor, ref_model is not None)
     temperature = cfg.rollout.temperature or 1.0
     micro = actor.ppo_micro_batch_size_per_gpu
     model.eval()
@@ -610,4 +619,28 @@ def ppo_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Optimiz
     if ref_logp is not None:
         metrics["actor/kl_coef"] = actor.kl_loss_coef
     metrics["actor/num_mini_batches"] = float(len(minis) * actor.ppo_epochs)
+    metrics["actor/update_skipped"] = 0.0
+    return metrics
+
+
+def no_learning_signal(data: Any, actor: Any) -> bool:
+    """True when every response token's advantage is zero (no task group has a reward spread: with an untuned
+    model, every reward 0) and no entropy bonus is asked for: the policy-gradient term is then exactly zero.
+
+    Such a step is skipped whole: no forward, backward or optimizer step, so its KL term and AdamW's weight
+    decay and momentum are not applied either (peers drop zero-variance groups from the update the same way;
+    verl's own trainer, without its group filter, would still take that KL-only step)."""
+    if actor.entropy_coeff != 0.0:
+        return False
+    mask = data.batch["response_mask"].bool()
+    return not bool(data.batch["advantages"][mask].any())
+
+
+def skipped_update_metrics(optimizer: torch.optim.Optimizer, actor: Any, has_ref: bool) -> dict[str, float]:
+    """The metrics of a skipped update (same keys as a real one where they have a value: no loss, no gradient)."""
+    log.info("every advantage is zero (no task group has a reward spread): forward/backward skipped, no update")
+    metrics = {"actor/pg_loss": 0.0, "actor/grad_norm": 0.0, "actor/lr": float(optimizer.param_groups[0]["lr"]),
+               "actor/num_mini_batches": 0.0, "actor/update_skipped": 1.0}
+    if actor.use_kl_loss and has_ref:
+        metrics["actor/kl_coef"] = actor.kl_loss_coef
     return metrics

@@ -133,11 +133,11 @@ def model_path(cfg: C.Recipe) -> str:
     """`model.path` as every Ray process sees it: a local directory made absolute (built first when
     `model.build_tiny` is on, the CPU path), else a hub id as given."""
     path = Path(cfg.model.path).expanduser()
-    if cfg.model.build_tiny and not (path / "config.json").is_file():
-        from seal.tiny_model import build_tiny_qwen2
+    if cfg.model.build_tiny:
+        from seal.tiny_model import prepare_tiny_model
 
-        log.info("building a tiny random Qwen2 at %s", path)
-        build_tiny_qwen2(path, hidden=cfg.model.tiny.hidden, layers=cfg.model.tiny.layers, seed=cfg.model.tiny.seed)
+        path = prepare_tiny_model(path, hidden=cfg.model.tiny.hidden, layers=cfg.model.tiny.layers,
+                                  seed=cfg.model.tiny.seed)
     return str(path.resolve()) if path.exists() else cfg.model.path
 
 
