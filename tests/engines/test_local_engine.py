@@ -198,6 +198,10 @@ def test_resume_continues_exactly(tmp_path, tiny, service_url):
     assert [r["step"] for r in rows] == [1, 2]
     assert rows[0]["train/accuracy_mean"] == 0.5 and rows[0]["apatch/scaled_count"] == 4
     assert rows[0]["actor/grad_norm"] > 0  # mixed groups: non-zero advantages reach the model
+    assert rows[0]["actor/update_skipped"] == 0.0
+    sample = [json.loads(line) for line in (full / "transcripts" / "step_1.jsonl").read_text().splitlines()]
+    assert sorted(r["task_id"] for r in sample) == sorted(TASKS)  # one transcript per task of the step
+    assert all(r["messages"][0]["role"] == "system" and r["num_model_calls"] >= 1 for r in sample)
 
     # Crash after step 1's checkpoint: the resumed run must reproduce step 2 exactly.
     resumed = tmp_path / "resumed"
@@ -284,3 +288,16 @@ def test_gradient_checkpointing_recomputes_layers_with_the_same_update(tiny):
     assert plain_calls == 2 * rows * layers and ckpt_calls == 3 * rows * layers
     assert ckpt["actor/grad_norm"] == pytest.approx(plain["actor/grad_norm"], rel=1e-5)
     assert all(torch.allclose(ckpt_w[k], plain_w[k], atol=1e-6) for k in plain_w)
+
+
+def test_transcript_sample_is_bounded(tmp_path):
+    long = "x" * (E.TRANSCRIPT_MESSAGE_CHARS + 10)
+    rollouts = [Rollout(task_id=f"multi_turn_base_{i // 2}", mode="train", reward=float(i % 2),
+                        messages=[{"role": "system", "content": long}, {"role": "assistant", "content": "hi"}])
+                for i in range(2 * (E.TRANSCRIPTS_PER_STEP + 3))]
+    path = tmp_path / "transcripts" / "step_3.jsonl"
+    E.write_transcripts(path, rollouts)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["task_id"] for r in lines] == [f"multi_turn_base_{i}" for i in range(E.TRANSCRIPTS_PER_STEP)]
+    assert lines[0]["messages"][0]["content"].endswith("[... 10 characters cut]")
+    assert lines[0]["messages"][1]["content"] == "hi"
