@@ -9,10 +9,17 @@ time, the deterministic mode) and `max_batch_size=--episodes` (the default). Tar
 the tiny model, >= 10x at 32 episodes with `--model qwen0.5b --device cuda` (random weights with the
 shape of Qwen2.5-0.5B, bf16; no download).
 
+`--model smollm2` runs the real SmolLM2-135M-Instruct (`seal.models.smollm2`, built once into the model
+cache); `--vllm` adds a third row: the same episodes, prompts, seeds and sampling through vLLM's async
+engine (`seal.eval.policies.VLLMGenerator`: on vLLM's CPU build eager mode, prefix caching, a KV cache sized
+for the episodes), one run after a warm-up call. vLLM needs the model as a directory: `--model smollm2`.
+
     python scripts/bench_generation.py [--episodes 32] [--calls 3] [--prompt-tokens 1024] [--max-tokens 32]
     python scripts/bench_generation.py --model qwen0.5b --device cuda --prompt-tokens 4096 --max-tokens 128
+    python scripts/bench_generation.py --model smollm2 --vllm --episodes 32 --prompt-tokens 1024
 
-The last line reads `speedup N.N×`.
+The last lines read `speedup N.N×` (batched HF over one at a time) and, with `--vllm`, `vllm over batched
+HF N.N×`.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import asyncio
 import random
 import statistics
 import time
+from typing import Any
 
 import torch
 
@@ -51,20 +59,21 @@ def build_model(kind: str, device: torch.device):
     return model.to(device=device, dtype=dtype).eval()
 
 
-async def run_episodes(gen: HFGenerator, args: argparse.Namespace) -> tuple[float, list[list[Generation]]]:
+async def run_episodes(gen: Any, args: argparse.Namespace) -> tuple[float, list[list[Generation]]]:
     """All episodes concurrently; returns (wall seconds, each episode's generations)."""
-    vocab = 150_000  # ordinary tokens only (ids below the special tokens)
+    vocab = args.vocab  # ordinary tokens only (ids below the special tokens)
 
     async def episode(i: int) -> list[Generation]:
         rng = random.Random(i)
-        ids = [rng.randrange(vocab) for _ in range(args.prompt_tokens + rng.randrange(-64, 65))]
+        ids = [rng.randrange(args.first_ordinary, vocab) for _ in range(args.prompt_tokens + rng.randrange(-64, 65))]
         outs = []
         for _ in range(args.calls):
             params = SamplingParams(temperature=1.0, max_tokens=args.max_tokens, seed=1000 + i)
             out = await gen(ids, params)
             outs.append(out)
             await asyncio.sleep(rng.uniform(0.5, 1.5) * args.env_ms / 1000.0)
-            ids = ids + out.token_ids + [rng.randrange(vocab) for _ in range(args.observation_tokens)]
+            ids = ids + out.token_ids + [rng.randrange(args.first_ordinary, vocab)
+                                         for _ in range(args.observation_tokens)]
         return outs
 
     t0 = time.perf_counter()
@@ -80,15 +89,30 @@ def main() -> int:
     parser.add_argument("--observation-tokens", type=int, default=48)
     parser.add_argument("--max-tokens", type=int, default=32, help="tokens per call")
     parser.add_argument("--env-ms", type=float, default=5.0, help="mean pause between calls (the env step)")
-    parser.add_argument("--model", choices=["tiny", "qwen0.5b"], default="tiny")
+    parser.add_argument("--model", choices=["tiny", "qwen0.5b", "smollm2"], default="tiny")
+    parser.add_argument("--vllm", action="store_true", help="also run the episodes through vLLM (--model smollm2)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     args = parser.parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    tokenizer = build_qwen_tokenizer()
-    model = build_model(args.model, device)
+    if args.vllm and args.model != "smollm2":
+        parser.error("--vllm needs a model directory: --model smollm2")
+    model_dir = None
+    if args.model == "smollm2":
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from seal.models.smollm2 import build_smollm2
+
+        model_dir = str(build_smollm2())
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
+        args.first_ordinary, args.vocab = 17, 49_152  # SmolLM2: ids 0-16 are its special tokens
+    else:
+        tokenizer = build_qwen_tokenizer()
+        model = build_model(args.model, device)
+        args.first_ordinary, args.vocab = 0, 150_000
     params_m = sum(p.numel() for p in model.parameters()) / 1e6
     print(f"model {args.model} ({params_m:.1f}M parameters, {next(model.parameters()).dtype}) on {device}, "
           f"{torch.get_num_threads()} CPU threads; {args.episodes} episodes x {args.calls} calls, prompt "
@@ -104,14 +128,37 @@ def main() -> int:
         rows.append((name, len(gen.batch_sizes), statistics.mean(gen.batch_sizes), tokens, wall, tokens / wall))
         outputs[name] = outs
 
-    pairs = [(a, b) for ea, eb in zip(*outputs.values(), strict=True) for a, b in zip(ea, eb, strict=True)]
+    pairs = [(a, b) for ea, eb in zip(outputs["one at a time"], outputs["batched"], strict=True)
+             for a, b in zip(ea, eb, strict=True)]
     same = sum(a.token_ids == b.token_ids for a, b in pairs)
+    if args.vllm:
+        wall, outs = asyncio.run(run_vllm(model_dir, args))
+        tokens = sum(len(o.token_ids) for ep in outs for o in ep)
+        rows.append(("vllm", "-", "-", tokens, wall, tokens / wall))
     print("\n| mode | batches | rows per batch | tokens | wall s | tokens/s |\n|---|---:|---:|---:|---:|---:|")
     for name, batches, mean_rows, tokens, wall, tps in rows:
-        print(f"| {name} | {batches} | {mean_rows:.1f} | {tokens} | {wall:.1f} | {tps:.0f} |")
-    print(f"\ncalls with identical tokens in both modes: {same}/{args.episodes * args.calls}")
+        shown = f"{mean_rows:.1f}" if isinstance(mean_rows, float) else mean_rows
+        print(f"| {name} | {batches} | {shown} | {tokens} | {wall:.1f} | {tps:.0f} |")
+    print(f"\ncalls with identical tokens in both HF modes: {same}/{args.episodes * args.calls}")
     print(f"speedup {rows[1][5] / rows[0][5]:.1f}×")
+    if args.vllm:
+        print(f"vllm over batched HF {rows[2][5] / rows[1][5]:.1f}×")
     return 0
+
+
+async def run_vllm(model_dir: str, args: argparse.Namespace) -> tuple[float, list[list[Generation]]]:
+    """The same episodes through vLLM's async engine (built inside this event loop, shut down after)."""
+    from seal.eval.policies import VLLMGenerator
+
+    vgen = VLLMGenerator(model_dir, max_model_len=min(8192, args.prompt_tokens + 64 + args.calls
+                                                      * (args.max_tokens + args.observation_tokens) + 64),
+                         max_num_seqs=args.episodes)
+    print(f"vllm: {vgen.describe()}")
+    try:
+        await run_episodes(vgen.generate, argparse.Namespace(**{**vars(args), "episodes": 1, "calls": 1}))
+        return await run_episodes(vgen.generate, args)
+    finally:
+        await vgen.aclose()
 
 
 if __name__ == "__main__":

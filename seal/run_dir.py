@@ -45,6 +45,7 @@ WANDB_RUN_ID_FILE = "wandb_run_id"
 ENV_SERVICE_LOG = "env_service.log"
 VERL_CONFIG_FILE = "verl_config.yaml"
 VALIDATION_DIR = "validation"
+TRANSCRIPTS_DIR = "transcripts"
 DATA_DIR = "data"
 EVAL_DIR = "eval"
 CHECKPOINTS_DIR = "checkpoints"
@@ -188,6 +189,10 @@ class RunDir:
 
     def validation_file(self, step: int) -> Path:
         return self.root / VALIDATION_DIR / f"{STEP_PREFIX}{int(step)}.jsonl"
+
+    def transcripts_file(self, step: int) -> Path:
+        """A bounded sample of step `step`'s training transcripts (the local engine writes it)."""
+        return self.root / TRANSCRIPTS_DIR / f"{STEP_PREFIX}{int(step)}.jsonl"
 
     def subset_file(self, split: str) -> Path:
         """Where the verl engine writes the task subset of a split (`train` or `val`, `seal.engines.data`)."""

@@ -84,3 +84,24 @@ def build_tiny_qwen2(
     model.save_pretrained(str(out))
     build_qwen_tokenizer(tokenizer_cache_dir).save_pretrained(str(out))
     return out
+
+
+def prepare_tiny_model(path: str | os.PathLike, hidden: int = 64, layers: int = 1, seed: int = 0) -> Path:
+    """`model.build_tiny`: the model at `path`, built there first when it has no `config.json` yet.
+
+    Builds only inside the project's model cache (`seal.models.model_cache_dir`, default `runs/_models`): a
+    path elsewhere is the user's, and one without a model is an error (a typo must not train a random model,
+    nor write one into a directory the user named)."""
+    from seal.models import model_cache_dir
+
+    given = Path(path).expanduser()
+    target = given.resolve()
+    if (target / "config.json").is_file():
+        return target
+    cache = model_cache_dir().resolve()
+    if not target.is_relative_to(cache):
+        raise ValueError(f"model.path {given}: no model there (no config.json), and model.build_tiny builds only "
+                         f"inside the model cache {cache} (e.g. model.path={cache / 'tiny_qwen2'}; "
+                         "SEAL_MODEL_CACHE moves the cache)")
+    return build_tiny_qwen2(target, hidden=hidden, layers=layers, seed=seed)
+

@@ -89,11 +89,11 @@ def test_tiny_run_end_to_end(tmp_path):
     PPO update, validation, checkpoint."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    out = launch("--conf", "exp/tiny_cpu.yaml", f"run_root={tmp_path}", f"model.path={tmp_path / 'tiny'}",
+    out = launch("--conf", "exp/tiny_cpu.yaml", f"run_root={tmp_path}", f"model.path={tmp_path / 'models' / 'tiny'}",
                  f"env.urls=[{url}]", "model.warm_start.enable=false", "rollout.n=2",  # the random tiny model
                  "data.max_train_tasks=2", "data.train_batch_size=2", "data.max_val_tasks=2",
                  "actor.ppo_mini_batch_size=1", "trainer.total_training_steps=1", "experiment_name=smoke",
-                 env={"BFCL_PROJECT_ROOT": str(tmp_path / "bfcl_root")})
+                 env={"BFCL_PROJECT_ROOT": str(tmp_path / "bfcl_root"), "SEAL_MODEL_CACHE": str(tmp_path / "models")})
     assert out.returncode == 0, out.stderr[-4000:]
     run = tmp_path / "smoke"
     assert "engine: local" in (run / "config.yaml").read_text()

@@ -21,7 +21,8 @@ PACKAGES = ("seal", "env_service")
 # The allowed order, lowest first (docs/layout.md): each layer may import the layers before it, none after.
 # Reporting reads what evaluation writes, so it stands above it; the engines train with the recipe, the
 # rollout and the core; the env service knows nothing of the trainer.
-LAYERS = ("env_service", "seal.core", "seal.models", "seal.rollout", "seal.recipe", "seal.engines", "seal.eval", "seal.report")
+LAYERS = ("env_service", "seal.core", "seal.models", "seal.rollout", "seal.recipe", "seal.engines", "seal.eval",
+          "seal.report")
 
 
 def _module_name(path: Path) -> str:

@@ -33,6 +33,7 @@ from env_service.rules import DEFAULT_RULES, DESCRIPTIONS, OFFICIAL, RELEASE, RU
 from env_service.vocab import CATEGORIES
 from seal.eval.policies import Policy, PolicyError, PolicyOptions, ground_truth_steps, parse_policy
 from seal.eval.results import (
+    CONTEXT_ERROR,
     HELD_IN_HEADERS,
     HELD_IN_METRICS,
     SUMMARY_FILE,
@@ -221,11 +222,22 @@ def self_check_notes(policy: Policy, records: Sequence[dict[str, Any]]) -> list[
 
 
 def error_notes(records: Sequence[dict[str, Any]]) -> list[str]:
+    """Name the errored tasks (any note with "errored" makes the command exit 1), those whose first prompt did
+    not fit the context separately: that is a setup fault, not the model's."""
     failed = [r["task_id"] for r in records if r["error"]]
     if not failed:
         return []
-    shown = ", ".join(failed[:10]) + (" ..." if len(failed) > 10 else "")
-    return [f"{len(failed)} task(s) errored and count as failures: {shown}"]
+    notes = [f"{len(failed)} task(s) errored and count as failures: {_shown(failed)}"]
+    unfit = [r["task_id"] for r in records if (r["error"] or "").startswith(CONTEXT_ERROR)]
+    if unfit:
+        notes.append(f"{len(unfit)} task(s) errored before any model call, their first prompt does not fit the "
+                     f"context window (raise the server's context, or --max-model-len up to the model's own): "
+                     f"{_shown(unfit)}")
+    return notes
+
+
+def _shown(task_ids: Sequence[str]) -> str:
+    return ", ".join(task_ids[:10]) + (" ..." if len(task_ids) > 10 else "")
 
 
 # --- one evaluation ------------------------------------------------------------------------------------
@@ -344,8 +356,8 @@ def _start(request: EvalRequest) -> _Run:
     write_summary(request.out, build_summary([], request.policy, split, 0.0, [], rules=rules, status="running"))
     kept = {r["task_id"]: r for r in log_file.kept if r["task_id"] in set(all_ids)}
     task_ids = [t for t in all_ids if t not in kept]
-    options = request.options or PolicyOptions()
-    policy = parse_policy(request.policy, options)
+    policy = parse_policy(request.policy, request.options or PolicyOptions())
+    options = policy.options or PolicyOptions()  # defaults resolved: the context window read from the model
     notes = [*policy.notes, f"rules: {DESCRIPTIONS[rules]}", "interface: raw (mode eval); decoding: greedy",
              *request.extra_notes]
     if request.resume:
@@ -565,7 +577,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-steps", type=int, default=None, help=f"started service: step limit (release "
                    f"{RELEASE_MAX_STEPS}; ground_truth defaults to what its longest replay needs)")
     p.add_argument("--max-tokens-per-call", type=int, default=4096, help="tokens per model call (release 4096)")
-    p.add_argument("--max-model-len", type=int, default=16384, help="context window (release 16384)")
+    p.add_argument("--max-model-len", type=int, default=None, help="hf/vllm: context window (default: the "
+                   "release's 16384, capped at the model's own max_position_embeddings; more than that is refused)")
+    p.add_argument("--call-deadline", type=float, default=900.0, help="openai: seconds one model call may take, "
+                   "retries included (default 900); a one-slot server (llama.cpp's default) queues concurrent "
+                   "calls: give --concurrency 1, or a deadline that covers the queue")
     p.add_argument("--device", default=None, help="hf: torch device (default cuda if available, else cpu)")
     p.add_argument("--dtype", default="auto", help="hf: torch dtype (auto, bfloat16, float32, ...)")
     p.add_argument("--hf-batch-size", type=int, default=32, help="hf: model calls of concurrent episodes "
@@ -583,6 +599,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--concurrency must be positive")
     if args.hf_batch_size <= 0:
         p.error("--hf-batch-size must be positive")
+    if args.call_deadline <= 0 or (args.max_model_len is not None and args.max_model_len <= 0):
+        p.error("--call-deadline and --max-model-len must be positive")
     if args.rules == OFFICIAL and (args.official_availability or args.step_limit_scope or args.max_steps):
         p.error("--rules official sets BFCL's own step and availability rules; --official-availability, "
                 "--step-limit-scope and --max-steps tune the release profile only")
@@ -613,7 +631,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     options = PolicyOptions(max_tokens_per_call=args.max_tokens_per_call, max_model_len=args.max_model_len,
                             device=args.device, dtype=args.dtype, tensor_parallel_size=args.tensor_parallel_size,
-                            gpu_memory_utilization=args.gpu_memory_utilization, hf_batch_size=args.hf_batch_size)
+                            gpu_memory_utilization=args.gpu_memory_utilization, hf_batch_size=args.hf_batch_size,
+                            call_deadline=args.call_deadline)
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
     try:
         if args.benchmark:

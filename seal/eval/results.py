@@ -14,7 +14,9 @@ it. The contract is ``docs/run_directory.md``; in short:
     stop_reason                  done | context_limit | max_model_calls | excluded | error
     end_reason, turns            the service's end reason and per-turn details (held-in)
     messages                     the transcript: system, user, assistant replies, observations
-    error                        null, or why the task could not be played (it then counts as a failure)
+    error                        null, or why the task could not be played (it then counts as a failure); a task
+                                 whose first prompt does not fit the context is an error beginning
+                                 ``context window`` (``stop_reason`` context_limit, no model call)
     rules                        the rules profile the episode ran under (``official`` | ``release``)
 
 OOD records add ``bfcl_category``, ``scenario``, ``force_quit``, ``final_answer``, ``possible_answers`` and
@@ -129,6 +131,8 @@ def record_from_rollout(rollout: Rollout, error: str | None = None, rules: str |
     if error is None and rollout.excluded:
         detail = next((m["content"] for m in rollout.messages if m.get("role") == "error"), "")
         error = f"excluded ({rollout.exclude_reason}): {detail}".strip()
+    if error is None:
+        error = first_prompt_error(rollout)
     result = rollout.eval_result or {}
     accuracy = 1 if (error is None and rollout.accuracy == 1.0) else 0
     return {
@@ -147,6 +151,22 @@ def record_from_rollout(rollout: Rollout, error: str | None = None, rules: str |
         "error": error,
         "rules": rules,
     }
+
+
+CONTEXT_ERROR = "context window"  # how the error of a task whose first prompt does not fit begins
+
+
+def first_prompt_error(rollout: Rollout) -> str | None:
+    """The error of an episode stopped at the context window before its first model call, else None.
+
+    The model never saw such a task: a context window smaller than the first prompt (a misconfigured server,
+    a too small ``--max-model-len``) is a setup fault, and a 0 for it would read as the model's failure."""
+    if rollout.stop_reason != "context_limit" or rollout.num_model_calls:
+        return None
+    detail = next((m["content"] for m in rollout.messages if m.get("role") == "error"), "")
+    size = f" ({len(rollout.prompt_ids)} tokens)" if rollout.prompt_ids else ""
+    return (f"{CONTEXT_ERROR}: the first prompt{size} does not fit the model's context (with room for one reply); "
+            f"no model call was made{': ' + detail if detail else ''}")
 
 
 def error_record(task_id: str, error: str, rules: str | None = None) -> dict[str, Any]:

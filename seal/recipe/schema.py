@@ -92,7 +92,9 @@ class ModelConfig:
     path: str = knob("Qwen/Qwen2.5-7B-Instruct", source="paper",
                      help="hub id or local directory of the policy (release default: Qwen/Qwen3.5-4B)")
     build_tiny: bool = knob(False, source="ours",
-                            help="local engine / verl on CPU: build a random tiny Qwen2 offline at model.path")
+                            help="local engine / verl on CPU: build a random tiny Qwen2 offline at model.path "
+                                 "when missing, only inside the model cache runs/_models (a path elsewhere must "
+                                 "hold a model)")
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     dtype: str = knob("bfloat16", source="release", choices=DTYPES,
@@ -205,6 +207,10 @@ class ActorConfig:
     ppo_micro_batch_size_per_gpu: int = knob(1, source="paper", ge=1, help="samples per forward pass and GPU")
     ppo_epochs: int = knob(1, source="release", ge=1, help="passes over each step's batch")
     grad_clip: float = knob(1.0, source="paper", ge=0, help="gradient-norm clip")
+    gradient_checkpointing: bool = knob(False, source="ours",
+                                        help="local engine: recompute each decoder layer's activations in the "
+                                             "backward pass (memory of one layer's activations instead of all, "
+                                             "about one more forward per micro-batch)")
     offload: str = knob("none", source="ours", choices=ACTOR_OFFLOADS,
                         help="verl engine: actor state kept in host memory while vLLM generates "
                              "(optimizer = AdamW states; all = + parameters and gradients)")

@@ -227,6 +227,10 @@ def test_resume_continues_exactly(tmp_path, tiny, service_url, extra):
     assert [r["step"] for r in rows] == [1, 2]
     assert rows[0]["train/accuracy_mean"] == 0.5 and rows[0]["apatch/scaled_count"] == 4
     assert rows[0]["actor/grad_norm"] > 0  # mixed groups: non-zero advantages reach the model
+    assert rows[0]["actor/update_skipped"] == 0.0
+    sample = [json.loads(line) for line in (full / "transcripts" / "step_1.jsonl").read_text().splitlines()]
+    assert sorted(r["task_id"] for r in sample) == sorted(TASKS)  # one transcript per task of the step
+    assert all(r["messages"][0]["role"] == "system" and r["num_model_calls"] >= 1 for r in sample)
 
     # Crash after step 1's checkpoint: the resumed run must reproduce step 2 exactly.
     resumed = tmp_path / "resumed"
@@ -251,3 +255,79 @@ def test_resume_continues_exactly(tmp_path, tiny, service_url, extra):
     assert [r["step"] for r in rows_b] == [1, 2]
     same = {k: v for k, v in rows[1].items() if not k.startswith("timing/")}
     assert {k: v for k, v in rows_b[1].items() if not k.startswith("timing/")} == same
+
+
+def _counting_layer_forwards(model) -> list[int]:
+    """Count decoder-layer computations: a pre-hook on each layer's first norm also sees checkpointing's
+    recompute (which stops early, before the layer's own forward hook would fire)."""
+    calls = [0]
+
+    def hook(*_):
+        calls[0] += 1
+
+    for layer in model.model.layers:
+        layer.input_layernorm.register_forward_pre_hook(hook)
+    return calls
+
+
+def test_a_step_without_any_advantage_skips_the_update(tiny):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny)
+    model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg = C.load_config(REPO / "exp" / "tiny_cpu.yaml", ["data.train_batch_size=2", "actor.ppo_mini_batch_size=2"])
+    data = rollouts_to_dataproto([_rollout(tok, 0.0, "The sum is 5."), _rollout(tok, 0.0, "I refuse.")] * 2,
+                                 PAD_TOKEN_ID)
+    compute_grpo_advantages(data)  # every reward 0: every advantage 0
+    calls = _counting_layer_forwards(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    metrics = E.ppo_update(model, model, opt, data, cfg, torch.device("cpu"))
+    assert calls[0] == 0 and not opt.state  # no forward, no optimizer step
+    assert metrics["actor/update_skipped"] == 1.0 and metrics["actor/grad_norm"] == 0.0
+    assert {"actor/pg_loss", "actor/lr", "actor/num_mini_batches"} <= set(metrics)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    # an entropy bonus has a gradient of its own: that step is not skipped
+    entropy = C.load_config(REPO / "exp" / "tiny_cpu.yaml", ["data.train_batch_size=2", "actor.ppo_mini_batch_size=2",
+                                                             "actor.entropy_coeff=0.01"])
+    assert not E.no_learning_signal(data, entropy.actor) and E.no_learning_signal(data, cfg.actor)
+
+
+def test_gradient_checkpointing_recomputes_layers_with_the_same_update(tiny):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny)
+    cfg = C.load_config(REPO / "exp" / "tiny_cpu.yaml", ["data.train_batch_size=2", "actor.ppo_mini_batch_size=2",
+                                                         "actor.use_kl_loss=false"])
+    data = rollouts_to_dataproto([_rollout(tok, 1.0, "The sum is 5."), _rollout(tok, 0.0, "I refuse.")] * 2,
+                                 PAD_TOKEN_ID)
+    compute_grpo_advantages(data)
+    results = {}
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
+        if checkpointing:
+            E.enable_gradient_checkpointing(model)
+        calls = _counting_layer_forwards(model)
+        metrics = E.ppo_update(model, None, torch.optim.AdamW(model.parameters(), lr=0.01), data, cfg,
+                               torch.device("cpu"))
+        results[checkpointing] = (calls[0], metrics, model.state_dict())
+    (plain_calls, plain, plain_w), (ckpt_calls, ckpt, ckpt_w) = results[False], results[True]
+    rows, layers = 4, len(AutoModelForCausalLM.from_pretrained(tiny).model.layers)
+    # old log-probs (one forward per row) + the update's forward per row, and with checkpointing its recompute
+    assert plain_calls == 2 * rows * layers and ckpt_calls == 3 * rows * layers
+    assert ckpt["actor/grad_norm"] == pytest.approx(plain["actor/grad_norm"], rel=1e-5)
+    assert all(torch.allclose(ckpt_w[k], plain_w[k], atol=1e-6) for k in plain_w)
+
+
+def test_transcript_sample_is_bounded(tmp_path):
+    long = "x" * (E.TRANSCRIPT_MESSAGE_CHARS + 10)
+    rollouts = [Rollout(task_id=f"multi_turn_base_{i // 2}", mode="train", reward=float(i % 2),
+                        messages=[{"role": "system", "content": long}, {"role": "assistant", "content": "hi"}])
+                for i in range(2 * (E.TRANSCRIPTS_PER_STEP + 3))]
+    path = tmp_path / "transcripts" / "step_3.jsonl"
+    E.write_transcripts(path, rollouts)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["task_id"] for r in lines] == [f"multi_turn_base_{i}" for i in range(E.TRANSCRIPTS_PER_STEP)]
+    assert lines[0]["messages"][0]["content"].endswith("[... 10 characters cut]")
+    assert lines[0]["messages"][1]["content"] == "hi"

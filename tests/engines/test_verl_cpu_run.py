@@ -39,7 +39,8 @@ RUN_TIMEOUT_S = 2400  # a hang guard, not a speed bound (a quiet 2-core machine 
 
 
 def _launch(run_root: Path, port: int, *extra: str) -> str:
-    env = dict(os.environ, PYTHONPATH=str(REPO), BFCL_PROJECT_ROOT=str(run_root / "bfcl_root"))
+    env = dict(os.environ, PYTHONPATH=str(REPO), BFCL_PROJECT_ROOT=str(run_root / "bfcl_root"),
+               SEAL_MODEL_CACHE=str(run_root))  # model.build_tiny builds only inside the model cache
     cmd = [sys.executable, "launcher.py", "--conf", "exp/tiny_verl_cpu.yaml", f"run_root={run_root}",
            f"env.urls=[http://127.0.0.1:{port}]", *extra]
     shm_before = set(os.listdir("/dev/shm"))

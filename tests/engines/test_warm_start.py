@@ -44,7 +44,8 @@ def test_the_failing_twin_leaves_out_the_last_calling_turn():
 
 
 @pytest.mark.slow
-def test_the_default_recipe_has_a_learning_signal(tmp_path, service_url):
+def test_the_default_recipe_has_a_learning_signal(tmp_path, service_url, monkeypatch):
+    monkeypatch.setenv("SEAL_MODEL_CACHE", str(tmp_path))  # model.build_tiny builds only inside the model cache
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     cfg = _cfg(tmp_path, service_url)

@@ -34,13 +34,13 @@ def test_bad_specs_are_clear_errors(spec, message):
         parse_policy(spec)
 
 
-def test_vllm_policy_explains_a_missing_vllm():
+def test_vllm_policy_explains_a_missing_vllm(tmp_path):
     pytest.importorskip("transformers")
     try:
         import vllm  # noqa: F401
     except ImportError:
         with pytest.raises(PolicyError, match="needs vLLM"):
-            parse_policy("vllm:/some/model")
+            parse_policy(f"vllm:{tmp_path}")
     else:
         pytest.skip("vllm is installed here")
 

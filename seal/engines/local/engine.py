@@ -139,6 +139,8 @@ def setup(cfg: C.Recipe, run_dir: str | os.PathLike[str], generate_factory: Gene
     load_path = resume_from if resume_from is not None else base_path
     tokenizer = AutoTokenizer.from_pretrained(str(load_path))
     model = AutoModelForCausalLM.from_pretrained(str(load_path), dtype=torch.float32).to(device)
+    if cfg.actor.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
     model.eval()
     ref_model = None
     if cfg.actor.use_kl_loss:
@@ -185,6 +187,8 @@ def training_step(run: LocalRun, step: int) -> dict[str, float]:
     rollouts = play(run, requests, params, controller.reward_fn, f"rollouts@{step}")
     metrics: dict[str, float] = {"timing/rollout": time.perf_counter() - t0,
                                  "train/epoch": float(epoch), "train/step_in_epoch": float(index)}
+
+    write_transcripts(run.run.transcripts_file(step), rollouts)
 
     # 2. C_t: the capability state observes the step's non-excluded rollouts.
     metrics |= controller.observe([r.record() for r in rollouts], step)
@@ -324,6 +328,38 @@ def _accuracy_reward(result: dict) -> float:
     return float(result["accuracy"])
 
 
+TRANSCRIPTS_PER_STEP = 4  # training transcripts kept per step: the first rollout of each of the first 4 tasks
+TRANSCRIPT_MESSAGE_CHARS = 4000  # each message's content is cut to this many characters in the sample
+
+
+def write_transcripts(path: Path, rollouts: Sequence[Rollout]) -> None:
+    """Keep a bounded sample of a step's training episodes (`transcripts/step_<N>.jsonl`), so a user can read
+    what the model did; bounded in episodes and message length, whatever the batch size."""
+    seen: set[str] = set()
+    sample = []
+    for r in rollouts:
+        if r.task_id in seen:
+            continue
+        seen.add(r.task_id)
+        sample.append(r)
+        if len(sample) == TRANSCRIPTS_PER_STEP:
+            break
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as fh:
+        for r in sample:
+            messages = [{**m, "content": _cut(str(m.get("content", "")))} for m in r.messages]
+            fh.write(json.dumps({"task_id": r.task_id, "category": r.category, "reward": r.reward,
+                                 "accuracy": r.accuracy, "failure_tags": r.failure_tags,
+                                 "num_model_calls": r.num_model_calls, "stop_reason": r.stop_reason,
+                                 "excluded": r.excluded, "messages": messages}, ensure_ascii=False) + "\n")
+
+
+def _cut(text: str) -> str:
+    if len(text) <= TRANSCRIPT_MESSAGE_CHARS:
+        return text
+    return text[:TRANSCRIPT_MESSAGE_CHARS] + f" [... {len(text) - TRANSCRIPT_MESSAGE_CHARS} characters cut]"
+
+
 def validate(run: LocalRun, step: int) -> dict[str, float]:
     """Greedy validation on the raw interface (n = rollout.val_n); writes `validation/step_<N>.jsonl`."""
     cfg = run.cfg
@@ -444,17 +480,22 @@ def hf_generator(cfg: C.Recipe, model: Any, tokenizer: Any, device: torch.device
                        max_batch_tokens=rollout.generation_batch_tokens)
 
 
+def enable_gradient_checkpointing(model: Any) -> None:
+    """`actor.gradient_checkpointing`: each decoder layer's activations are recomputed in the backward pass
+    instead of kept (transformers applies it in train mode only, so generation and log-prob passes are
+    unchanged). Non-reentrant checkpointing: it needs no inputs that require grad and keeps RNG state."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def prepare_model_path(cfg: C.Recipe) -> Path:
-    """The model directory; builds the tiny random Qwen2 there first when `model.build_tiny` is on."""
+    """The model directory; with `model.build_tiny` the tiny random Qwen2, built first when missing (only inside
+    the model cache, `seal.tiny_model.prepare_tiny_model`)."""
     path = Path(cfg.model.path)
     if cfg.model.build_tiny:
-        if not (path / "config.json").is_file():
-            from seal.tiny_model import build_tiny_qwen2
+        from seal.tiny_model import prepare_tiny_model
 
-            log.info("building a tiny random Qwen2 at %s", path)
-            build_tiny_qwen2(path, hidden=cfg.model.tiny.hidden, layers=cfg.model.tiny.layers,
-                             seed=cfg.model.tiny.seed)
-        return path
+        return prepare_tiny_model(path, hidden=cfg.model.tiny.hidden, layers=cfg.model.tiny.layers,
+                                  seed=cfg.model.tiny.seed)
     return path if path.exists() else Path(cfg.model.path)  # a hub id: transformers resolves it
 
 
@@ -555,6 +596,8 @@ def ppo_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Optimiz
     from verl.trainer.ppo.core_algos import agg_loss, compute_policy_loss_vanilla, kl_penalty
 
     actor = cfg.actor
+    if no_learning_signal(data, actor):
+        return skipped_update_metrics(optimizer, actor, ref_model is not None)
     temperature = cfg.rollout.temperature or 1.0
     micro = actor.ppo_micro_batch_size_per_gpu
     model.eval()
@@ -623,4 +666,28 @@ def ppo_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Optimiz
     if ref_logp is not None:
         metrics["actor/kl_coef"] = actor.kl_loss_coef
     metrics["actor/num_mini_batches"] = float(len(minis) * actor.ppo_epochs)
+    metrics["actor/update_skipped"] = 0.0
+    return metrics
+
+
+def no_learning_signal(data: Any, actor: Any) -> bool:
+    """True when every response token's advantage is zero (no task group has a reward spread: with an untuned
+    model, every reward 0) and no entropy bonus is asked for: the policy-gradient term is then exactly zero.
+
+    Such a step is skipped whole: no forward, backward or optimizer step, so its KL term and AdamW's weight
+    decay and momentum are not applied either (peers drop zero-variance groups from the update the same way;
+    verl's own trainer, without its group filter, would still take that KL-only step)."""
+    if actor.entropy_coeff != 0.0:
+        return False
+    mask = data.batch["response_mask"].bool()
+    return not bool(data.batch["advantages"][mask].any())
+
+
+def skipped_update_metrics(optimizer: torch.optim.Optimizer, actor: Any, has_ref: bool) -> dict[str, float]:
+    """The metrics of a skipped update (same keys as a real one where they have a value: no loss, no gradient)."""
+    log.info("every advantage is zero (no task group has a reward spread): forward/backward skipped, no update")
+    metrics = {"actor/pg_loss": 0.0, "actor/grad_norm": 0.0, "actor/lr": float(optimizer.param_groups[0]["lr"]),
+               "actor/num_mini_batches": 0.0, "actor/update_skipped": 1.0}
+    if actor.use_kl_loss and has_ref:
+        metrics["actor/kl_coef"] = actor.kl_loss_coef
     return metrics

@@ -159,11 +159,11 @@ def model_path(cfg: C.Recipe) -> str:
         module, _, function = BUILTIN_MODELS[cfg.model.path].partition(":")
         return str(Path(getattr(importlib.import_module(module), function)()).resolve())
     path = Path(cfg.model.path).expanduser()
-    if cfg.model.build_tiny and not (path / "config.json").is_file():
-        from seal.tiny_model import build_tiny_qwen2
+    if cfg.model.build_tiny:
+        from seal.tiny_model import prepare_tiny_model
 
-        log.info("building a tiny random Qwen2 at %s", path)
-        build_tiny_qwen2(path, hidden=cfg.model.tiny.hidden, layers=cfg.model.tiny.layers, seed=cfg.model.tiny.seed)
+        path = prepare_tiny_model(path, hidden=cfg.model.tiny.hidden, layers=cfg.model.tiny.layers,
+                                  seed=cfg.model.tiny.seed)
     return str(path.resolve()) if path.exists() else cfg.model.path
 
 
