@@ -82,9 +82,14 @@ def running_service(
                 time.sleep(0.1)
             yield url, proc
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc, 15)
+
+
+def stop_process(proc: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM, then SIGKILL if the process has not exited within `grace_s` seconds; always reaped."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

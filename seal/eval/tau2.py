@@ -235,7 +235,7 @@ def served_policy(config: Tau2Config, log_dir: Path):
     if shutil.which("vllm") is None:
         raise Tau2Unavailable("vllm: needs vLLM (pip install -e .[gpu] on a GPU node); or serve the checkpoint "
                               "yourself and pass --policy openai:<base_url>#<model>")
-    from env_service.process import free_port
+    from env_service.process import free_port, stop_process
 
     port = free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -247,12 +247,7 @@ def served_policy(config: Tau2Config, log_dir: Path):
             wait_for_models(base, 1800, proc)
             yield Endpoint("policy", base, config.agent_temperature)
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc, 60)
 
 
 # --- running ---------------------------------------------------------------------------------------------
