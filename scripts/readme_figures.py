@@ -61,11 +61,16 @@ def figures_text(figures: Mapping[str, Any], wall_s: float | None = None) -> str
     lines = [f"Training reward per step ({len(figures['rewards'])} steps): {rewards}."]
     warm = figures.get("warm_start") or {}
     if warm:
-        lines.append(f"Warm start: {warm['steps']} supervised steps, p(ground truth) {warm['prob']:.2f}, "
-                     f"p(failing twin) {warm['twin_prob']:.2f}.")
+        lines.append(f"Warm start: {warm['steps']} supervised steps, p(ground truth) {_per_task(warm['prob'])}, "
+                     f"p(failing twin) {_per_task(warm['twin_prob'])}.")
     if wall_s is not None:
         lines.append(f"{TIME_PREFIX}: {wall_s / 60:.1f} min (this run, `scripts/readme_figures.py`).")
     return "\n".join(lines) + "\n"
+
+
+def _per_task(probs: Mapping[str, float]) -> str:
+    """`warm_start.json` keeps one probability per training task: "0.39 / 0.46" in the recipe's task order."""
+    return " / ".join(f"{p:.2f}" for p in probs.values())
 
 
 def _figures_only(block: str) -> str:

@@ -18,7 +18,10 @@ def tiny_run(tmp_path: Path) -> Path:
     run.mkdir(parents=True)
     warm = tmp_path / "warm"
     warm.mkdir()
-    (warm / "warm_start.json").write_text(json.dumps({"steps": 110, "prob": 0.39, "twin_prob": 0.46, "loss": 1.0}))
+    # warm_start.json's own shape: one probability per training task
+    (warm / "warm_start.json").write_text(json.dumps({
+        "steps": 110, "loss": 1.0, "prob": {"multi_turn_base_100": 0.389, "multi_turn_miss_param_100": 0.463},
+        "twin_prob": {"multi_turn_base_100": 0.512, "multi_turn_miss_param_100": 0.439}}))
     (run / "config.yaml").write_text(f"model:\n  warm_start:\n    enable: true\n    path: {warm}\n")
     lines = [{"step": 0, "val/accuracy/average": 0.0}]
     lines += [{"step": s + 1, "train/reward_mean": r, "train/accuracy_mean": r} for s, r in enumerate(REWARDS)]
@@ -39,7 +42,8 @@ def test_figures_are_written_from_a_run_and_checked_against_it(tmp_path):
     assert figures.main(["--run", str(run), "--readme", str(readme), "--check"]) == 1  # the hand-typed figures
     assert figures.main(["--run", str(run), "--readme", str(readme), "--write"]) == 0
     text = readme.read_text()
-    assert "0.375, 0.625, 0.625, 0.625, 0.875, 0.5625, 0.9375, 0.75." in text and "110 supervised steps" in text
+    assert "0.375, 0.625, 0.625, 0.625, 0.875, 0.5625, 0.9375, 0.75." in text
+    assert "110 supervised steps, p(ground truth) 0.39 / 0.46, p(failing twin) 0.51 / 0.44." in text
     assert text.startswith("intro\n") and text.endswith("rest\n")
     assert figures.main(["--run", str(run), "--readme", str(readme), "--check"]) == 0
     # a wall time is written when the script ran the recipe, and never compared
