@@ -30,8 +30,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from env_service.vocab import EXCLUDED_TAGS, SUCCESS_TAGS
 from seal.core.config_parsing import knob
 from seal.core.profile import BucketStat
@@ -183,6 +181,8 @@ def task_weight(stat: BucketStat | None, cfg: AdaptiveConfig) -> float:
 
 def apply_task_weights(data: DataProto, tasks: Mapping[str, BucketStat], cfg: AdaptiveConfig) -> dict[str, float]:
     """Multiply each row's advantages by its task's weight (``data.non_tensor_batch["task_id"]``); metrics."""
+    import torch  # not at module level: the controller imports this module, and configuration needs no torch
+
     from seal.core.apatch import apply_scales  # the one tensor operation that scales rows without flipping a sign
 
     column = data.non_tensor_batch.get("task_id")

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-
 from seal.core.adaptive import RepairStats
 
 SAMPLERS = ("epoch", "failure_profile")
@@ -61,6 +59,8 @@ def draw_batch(task_ids: Sequence[str], stats: RepairStats, floor: float, size: 
     """Indices of ``size`` distinct tasks drawn with ``task_probabilities``; a function of (seed, step, stats)."""
     if not 0 < size <= len(task_ids):
         raise ValueError(f"a batch of {size} tasks needs 1..{len(task_ids)}")
+    import torch  # not at module level: configuration and --dry-run import this module and need no torch
+
     probs = torch.tensor(task_probabilities(task_ids, stats, floor), dtype=torch.float64)
     gen = torch.Generator().manual_seed((int(seed) * 1_000_003 + int(step)) % (2**63))
     return torch.multinomial(probs, size, replacement=False, generator=gen).tolist()

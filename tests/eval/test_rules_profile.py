@@ -123,7 +123,7 @@ def test_an_official_evaluation_names_its_rules_in_every_file_and_table(service_
     ev.print_summary(summary, tmp_path)
     assert "| rules official |" in capsys.readouterr().out
     args = ev.parse_args(["--policy", "empty", "--rules", "official", "--split", "all"])
-    assert str(ev._default_out(args)) == "evals/empty_all_official"
+    assert str(ev._default_out(args, None)) == "evals/empty_all_official"
     with pytest.raises(SystemExit):
         ev.parse_args(["--policy", "empty", "--rules", "official", "--max-steps", "5"])
 
