@@ -133,3 +133,16 @@ def compute_grpo_advantages(data, norm_adv_by_std_in_grpo: bool = True, epsilon:
     )
     data.batch["advantages"] = advantages
     data.batch["returns"] = returns
+
+
+def no_learning_signal(advantages: torch.Tensor, response_mask: torch.Tensor, entropy_coeff: float) -> bool:
+    """True when the policy-gradient term of the update is exactly zero: every sampled response token's
+    advantage is zero (no task group has a reward spread; with an untuned model every reward is 0) and no
+    entropy bonus is asked for. advantages, response_mask: [B, R].
+
+    Both engines then skip the update whole: no forward, backward or optimizer step, so its KL term and
+    AdamW's weight decay and momentum are not applied either. Peers drop zero-variance groups from the
+    update the same way; verl's own trainer, without its group filter, would still take that KL-only step."""
+    if entropy_coeff != 0.0:
+        return False
+    return not bool(advantages[response_mask.bool()].any())

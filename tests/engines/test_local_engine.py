@@ -290,7 +290,16 @@ def test_a_step_without_any_advantage_skips_the_update(tiny):
     # an entropy bonus has a gradient of its own: that step is not skipped
     entropy = C.load_config(REPO / "exp" / "tiny_cpu.yaml", ["data.train_batch_size=2", "actor.ppo_mini_batch_size=2",
                                                              "actor.entropy_coeff=0.01"])
-    assert not E.no_learning_signal(data, entropy.actor) and E.no_learning_signal(data, cfg.actor)
+    adv, mask = data.batch["advantages"], data.batch["response_mask"]
+    assert not E.no_learning_signal(adv, mask, entropy.actor.entropy_coeff)
+    assert E.no_learning_signal(adv, mask, cfg.actor.entropy_coeff)
+    # one nonzero advantage on a sampled token is a learning signal; on an unsampled one it is not
+    adv = adv.clone()
+    adv[0, int(mask[0].nonzero()[0])] = 0.5
+    assert not E.no_learning_signal(adv, mask, 0.0)
+    assert bool((mask == 0).any())  # observation tokens / padding
+    adv = torch.where(mask == 0, 0.5, 0.0)
+    assert E.no_learning_signal(adv, mask, 0.0)
 
 
 def test_gradient_checkpointing_recomputes_layers_with_the_same_update(tiny):

@@ -194,6 +194,35 @@ def test_advantage_step_grpo_then_apatch_hand_computed(model_dir, tmp_path, monk
     assert trainer.controller.state.observe_count == 5  # padding rows are never observed
 
 
+@pytest.mark.parametrize("rewards, entropy_coeff, skipped", [((0.0, 0.0), 0.0, True), ((1.0, 0.0), 0.0, False),
+                                                               ((0.0, 0.0), 0.01, False)])
+def test_update_actor_is_skipped_without_a_learning_signal(model_dir, tmp_path, monkeypatch, rewards, entropy_coeff,
+                                                           skipped):
+    """A group whose rewards are all equal has zero advantages: with no entropy bonus verl's actor update (a
+    forward, a backward and an optimizer step on a zero policy gradient) is skipped and logged as such."""
+    trainer = make_trainer(model_dir, tmp_path, STATIC)
+    trainer.config.actor_rollout_ref.actor.entropy_coeff = entropy_coeff
+    trainer.global_steps = 1
+    fake = FakeTQ()
+    monkeypatch.setattr(VA, "tq", fake)
+    keys = ["A_0_0", "A_1_0"]
+    # rows of different lengths, as verl stores them (nested tensors)
+    fields = [output_fields(rollout("multi_turn_base_1", r, ["state_mismatch"], n, [1] * n), "A")
+              for r, n in zip(rewards, (3, 4), strict=True)]
+    fake.kv_batch_put(keys, "train", fields=list_of_dict_to_tensordict(fields))
+    batch = SimpleNamespace(keys=keys, partition_id="train", tags=[{"status": "success"}] * 2)
+    calls = []
+    monkeypatch.setattr(VA.PPOTrainerSync, "_update_actor", lambda self, b, m: calls.append(b) or b)
+    metrics: dict = {}
+    trainer._compute_advantage(batch, metrics)
+    assert trainer._update_actor(batch, metrics) is batch
+    assert metrics["actor/update_skipped"] == float(skipped)
+    assert calls == ([] if skipped else [batch])
+    # the decision belongs to one step: the next update without an advantage step runs verl's
+    trainer._update_actor(batch, {})
+    assert len(calls) == (1 if skipped else 2)
+
+
 def test_seal_advantages_plain_path_matches(model_dir, tmp_path):
     """Without TransferQueue keys (verl's plain compute_advantage) the same batch gives the same numbers."""
     from verl import DataProto

@@ -39,7 +39,7 @@ from seal import recipe as C
 from seal.core.adaptive import RepairStats
 from seal.core.controller import SealController
 from seal.core.curriculum import draw_batch
-from seal.engines.batching import compute_grpo_advantages, group_uids, rollouts_to_dataproto
+from seal.engines.batching import compute_grpo_advantages, group_uids, no_learning_signal, rollouts_to_dataproto
 from seal.engines.data import Task, load_tasks
 from seal.logging_utils import MetricsLogger, progress
 from seal.rollout.client import EnvClient
@@ -596,7 +596,7 @@ def ppo_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Optimiz
     from verl.trainer.ppo.core_algos import agg_loss, compute_policy_loss_vanilla, kl_penalty
 
     actor = cfg.actor
-    if no_learning_signal(data, actor):
+    if no_learning_signal(data.batch["advantages"], data.batch["response_mask"], actor.entropy_coeff):
         return skipped_update_metrics(optimizer, actor, ref_model is not None)
     temperature = cfg.rollout.temperature or 1.0
     micro = actor.ppo_micro_batch_size_per_gpu
@@ -668,19 +668,6 @@ def ppo_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Optimiz
     metrics["actor/num_mini_batches"] = float(len(minis) * actor.ppo_epochs)
     metrics["actor/update_skipped"] = 0.0
     return metrics
-
-
-def no_learning_signal(data: Any, actor: Any) -> bool:
-    """True when every response token's advantage is zero (no task group has a reward spread: with an untuned
-    model, every reward 0) and no entropy bonus is asked for: the policy-gradient term is then exactly zero.
-
-    Such a step is skipped whole: no forward, backward or optimizer step, so its KL term and AdamW's weight
-    decay and momentum are not applied either (peers drop zero-variance groups from the update the same way;
-    verl's own trainer, without its group filter, would still take that KL-only step)."""
-    if actor.entropy_coeff != 0.0:
-        return False
-    mask = data.batch["response_mask"].bool()
-    return not bool(data.batch["advantages"][mask].any())
 
 
 def skipped_update_metrics(optimizer: torch.optim.Optimizer, actor: Any, has_ref: bool) -> dict[str, float]:

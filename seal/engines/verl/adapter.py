@@ -22,6 +22,9 @@ what                       where in verl 0.9.1  ->  why
                            in TransferQueue  -> the SEAL advantage step (observe, GRPO, A-Patch) gets the
                            rows as a `DataProto` plus the agent loop's extras; KL-in-reward and rollout
                            correction are done as verl's own method does them
+`_update_actor`            step 9 of `PPOTrainer._step_once`  -> skipped when the advantage step found no
+                           learning signal (`no_learning_signal`: every advantage zero, no entropy bonus),
+                           as the local engine skips it; logged as `actor/update_skipped`
 `_val_metrics_update`      called by `PPOTrainer._validate` with per-sample `reward_extra_info` lists and
                            the expected counts  -> per-category validation accuracy, a failed session
                            counted as a failure (`validation_records`)
@@ -120,6 +123,7 @@ from verl.utils import tensordict_utils as tu  # noqa: E402
 from verl.workers.utils.padding import response_to_nested  # noqa: E402
 
 from seal.core.record import EpisodeRecord, object_array  # noqa: E402
+from seal.engines.batching import no_learning_signal  # noqa: E402
 from seal.engines.verl.agent_loop import FEED_KEY  # noqa: E402
 from seal.logging_utils import append_metrics, metrics_row, trim_metrics  # noqa: E402
 from seal.run_dir import Checkpoints  # noqa: E402
@@ -327,6 +331,9 @@ class TrainerAdapter(PPOTrainerSync):
             metrics.update(corr_metrics)
 
         self.advantage_step(data, records, keys, metrics)
+        self.__dict__["_no_learning_signal"] = no_learning_signal(
+            data.batch["advantages"], data.batch["response_mask"],
+            float(self.config.actor_rollout_ref.actor.entropy_coeff))
 
         out_fields = ["advantages", "returns"]
         if algorithm.use_kl_in_reward:
@@ -338,6 +345,18 @@ class TrainerAdapter(PPOTrainerSync):
         output = TensorDict({f: response_to_nested(data.batch[f], nested_mask) for f in out_fields},
                             batch_size=len(keys))
         return tq.kv_batch_put(keys=keys, partition_id=partition, fields=output)
+
+    def _update_actor(self, batch: Any, metrics: dict) -> Any:
+        if not self.__dict__.pop("_no_learning_signal", False):
+            metrics["actor/update_skipped"] = 0.0
+            return super()._update_actor(batch, metrics)
+        # The policy-gradient term is exactly zero: no forward/backward/optimizer step (the local engine's
+        # rule, `seal.engines.batching.no_learning_signal`). The weights are unchanged, so the weight sync
+        # verl runs next hands vLLM the same weights.
+        log.info("step %s: every advantage is zero (no task group has a reward spread): actor update skipped",
+                 getattr(self, "global_steps", "?"))
+        metrics.update({"actor/update_skipped": 1.0, "actor/pg_loss": 0.0, "actor/grad_norm": 0.0})
+        return batch
 
     def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, sample_turns,
                             expected_acc_counts=None) -> dict[str, float]:
