@@ -206,10 +206,19 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+# Keys a resume may change: how long the run goes on and how often it validates, saves and logs, not what a
+# step does. Extending a finished run (`trainer.total_training_steps=N` on the same command) is the usual
+# case; schedules that read the total (a decaying reward cap, verl's LR schedule) follow the new total.
+RESUME_MAY_CHANGE = ("trainer.total_epochs", "trainer.total_training_steps", "trainer.test_freq",
+                     "trainer.val_before_train", "trainer.save_freq", "trainer.logger", "trainer.wandb_project",
+                     "trainer.resume")
+
+
 def resumed_config_changes(cfg: Recipe, run: RunDir) -> list[str]:
     """The keys whose value differs from the `config.yaml` of the run this launch resumes (`trainer.resume`
     auto or a checkpoint, and a checkpoint there), as `key: was -> now`; empty otherwise. A resumed run keeps
-    the recipe it started with: its checkpoints and metrics were made under it."""
+    the recipe it started with: its checkpoints and metrics were made under it (`RESUME_MAY_CHANGE` excepted:
+    those changes are logged and the new `config.yaml` records them)."""
     import yaml
 
     from seal.recipe import data_file, to_container
@@ -230,8 +239,12 @@ def resumed_config_changes(cfg: Recipe, run: RunDir) -> list[str]:
     for key in ("data.train_files", "data.val_files"):  # a run saved before paths were made absolute
         if isinstance(was.get(key), str):
             was[key] = str(data_file(was[key]))
-    return [f"{key}: {was.get(key)!r} -> {now.get(key)!r}" for key in sorted(set(was) | set(now))
-            if was.get(key) != now.get(key)]
+    changes = {key: f"{key}: {was.get(key)!r} -> {now.get(key)!r}" for key in sorted(set(was) | set(now))
+               if was.get(key) != now.get(key)}
+    allowed = [text for key, text in changes.items() if key in RESUME_MAY_CHANGE]
+    if allowed:
+        log.info("resuming with a new schedule: %s", "; ".join(allowed))
+    return [text for key, text in changes.items() if key not in RESUME_MAY_CHANGE]
 
 
 def _recipe_file(conf: str | None) -> Path | None:

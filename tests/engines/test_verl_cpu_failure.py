@@ -24,12 +24,6 @@ from env_service.process import free_port
 pytest.importorskip("verl")
 pytest.importorskip("vllm")
 
-# Opt-in for now (SEAL_VLLM_E2E=1): on this project's 2-core CPU machines the verl + vLLM + SmolLM2 run has
-# completed validation and step 1 (rollout_probs_diff max 7.9e-6) but not yet step 2, the checkpoint and the
-# resume within a CI budget; it joins the slow tier once a whole run has passed here (docs/verl_engine.md).
-pytestmark = pytest.mark.skipif(os.environ.get("SEAL_VLLM_E2E") != "1",
-                                reason="verl + vLLM end-to-end on CPU is opt-in: set SEAL_VLLM_E2E=1")
-
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 1800  # until the first weight sync (Ray, the model build, the vLLM server): a hang guard
 EXIT_TIMEOUT_S = 600  # from the kill to the launcher's exit: the bound the failure must stay within

@@ -89,13 +89,6 @@ def test_vllm_policy_on_cpu_with_default_settings(smollm2, service_url, tmp_path
                for n in summary["notes"])
 
 
-# Opt-in for now (SEAL_VLLM_E2E=1, like the verl + vLLM end-to-end run): these two have not yet passed on this
-# project's loaded 2-core machines; the policy test above runs in the slow tier.
-_OPT_IN = pytest.mark.skipif(os.environ.get("SEAL_VLLM_E2E") != "1",
-                             reason="opt-in until it has passed on CPU CI: set SEAL_VLLM_E2E=1")
-
-
-@_OPT_IN
 def test_run_backend_vllm_evaluates_the_checkpoints(smollm2, service_url, tmp_path, no_leftovers):
     run = tmp_path / "run"
     step = run / "checkpoints" / "step_1"
@@ -141,7 +134,6 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait(30)
 
 
-@_OPT_IN
 def test_openai_policy_against_vllm_serve_with_and_without_a_tool_parser(smollm2, service_url, tmp_path,
                                                                          no_leftovers):
     """The text-level client sends no `tools`, so a server's tool parser never runs: both servers give the same
