@@ -140,7 +140,7 @@ def main() -> int:
     print("\n| mode | batches | rows per batch | tokens | wall s | tokens/s |\n|---|---:|---:|---:|---:|---:|")
     for name, batches, mean_rows, tokens, wall, tps in rows:
         shown = f"{mean_rows:.1f}" if isinstance(mean_rows, float) else mean_rows
-        print(f"| {name} | {batches} | {shown} | {tokens} | {wall:.1f} | {tps:.0f} |")
+        print(f"| {name} | {batches} | {shown} | {tokens} | {wall:.1f} | {tps:.1f} |")
     print(f"\ncalls with identical tokens in both HF modes: {same}/{args.episodes * args.calls}")
     print(f"speedup {rows[1][5] / rows[0][5]:.1f}×")
     if args.vllm:

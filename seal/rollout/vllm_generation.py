@@ -183,14 +183,16 @@ class ColocatedVLLM:
 
     `stop_ids`: the tokens that end a call (the HF generator's: the tokenizer's eos and the model's generation eos
     ids); kept in the call's tokens, as sampled. `engine_kwargs`: `vllm.EngineArgs` fields (`vllm_engine_kwargs`);
-    `logprobs_mode` and `seed` are set here.
+    `logprobs_mode`, `seed` and `disable_log_stats` are set here.
     """
 
     def __init__(self, engine_kwargs: dict[str, Any], stop_ids: Iterable[int], seed: int = 0):
         from vllm import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
-        self.engine_kwargs = dict(engine_kwargs, logprobs_mode="processed_logprobs", seed=int(seed))
+        # No periodic throughput lines in the training log (the run logs its own timings).
+        self.engine_kwargs = dict(engine_kwargs, logprobs_mode="processed_logprobs", seed=int(seed),
+                                  disable_log_stats=True)
         self.stop_ids = sorted({int(s) for s in stop_ids})
         with _in_process():
             self.engine = LLMEngine.from_engine_args(EngineArgs(**self.engine_kwargs))

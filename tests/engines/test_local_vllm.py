@@ -117,7 +117,12 @@ def test_auto_takes_hf_for_a_model_vllm_cannot_run(tmp_path):
     capable = build_tiny_qwen2(tmp_path / "tiny32", hidden=64, layers=1, heads=2, kv_heads=1)
     faster = E.MEASURED_VLLM_SPEEDUP.get("cpu", 0.0) > 1.0
     assert E.choose_backend(cfg, capable, cpu)[0] == ("vllm" if faster else "hf")
-    assert E.choose_backend(cfg, capable, torch.device("cuda"))[0] == "hf"  # the CPU build, or not measured
+    cuda_cfg = C.load_config(REPO / "exp" / "tiny_cpu.yaml", [f"model.path={capable}", "model.build_tiny=false",
+                                                              "rollout.deterministic_generation=false",
+                                                              "rollout.backend=vllm"])
+    assert E.choose_backend(cfg, capable, torch.device("cuda"))[0] == "hf"  # not measured on a GPU
+    with pytest.raises(ValueError, match="CPU build"):  # and this vLLM is the CPU build
+        E.choose_backend(cuda_cfg, capable, torch.device("cuda"))
 
 
 def test_backend_rules_of_the_recipe():
