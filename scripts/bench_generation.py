@@ -10,9 +10,11 @@ the tiny model, >= 10x at 32 episodes with `--model qwen0.5b --device cuda` (ran
 shape of Qwen2.5-0.5B, bf16; no download).
 
 `--model smollm2` runs the real SmolLM2-135M-Instruct (`seal.models.smollm2`, built once into the model
-cache); `--vllm` adds a third row: the same episodes, prompts, seeds and sampling through vLLM's async
-engine (`seal.eval.policies.VLLMGenerator`: on vLLM's CPU build eager mode, prefix caching, a KV cache sized
-for the episodes), one run after a warm-up call. vLLM needs the model as a directory: `--model smollm2`.
+cache); `--vllm` adds a third row: the same episodes, prompts, seeds and sampling through the local engine's
+`rollout.backend: vllm` (`seal.rollout.vllm_generation.colocated_vllm`: vLLM in this process, float32 on CPU like
+the actor, eager mode, prefix caching, a KV cache sized for the episodes), one run after a warm-up call. vLLM
+needs the model as a directory: `--model smollm2`. Its row is what `rollout.backend: auto` is decided on
+(`MEASURED_VLLM_SPEEDUP` in `seal/engines/local/engine.py`).
 
     python scripts/bench_generation.py [--episodes 32] [--calls 3] [--prompt-tokens 1024] [--max-tokens 32]
     python scripts/bench_generation.py --model qwen0.5b --device cuda --prompt-tokens 4096 --max-tokens 128
@@ -132,13 +134,13 @@ def main() -> int:
              for a, b in zip(ea, eb, strict=True)]
     same = sum(a.token_ids == b.token_ids for a, b in pairs)
     if args.vllm:
-        wall, outs = asyncio.run(run_vllm(model_dir, args))
+        wall, outs, steps = run_vllm(model_dir, model, tokenizer, args)
         tokens = sum(len(o.token_ids) for ep in outs for o in ep)
-        rows.append(("vllm", "-", "-", tokens, wall, tokens / wall))
+        rows.append(("vllm", f"{steps} steps", "-", tokens, wall, tokens / wall))
     print("\n| mode | batches | rows per batch | tokens | wall s | tokens/s |\n|---|---:|---:|---:|---:|---:|")
     for name, batches, mean_rows, tokens, wall, tps in rows:
         shown = f"{mean_rows:.1f}" if isinstance(mean_rows, float) else mean_rows
-        print(f"| {name} | {batches} | {shown} | {tokens} | {wall:.1f} | {tps:.0f} |")
+        print(f"| {name} | {batches} | {shown} | {tokens} | {wall:.1f} | {tps:.1f} |")
     print(f"\ncalls with identical tokens in both HF modes: {same}/{args.episodes * args.calls}")
     print(f"speedup {rows[1][5] / rows[0][5]:.1f}×")
     if args.vllm:
@@ -146,19 +148,24 @@ def main() -> int:
     return 0
 
 
-async def run_vllm(model_dir: str, args: argparse.Namespace) -> tuple[float, list[list[Generation]]]:
-    """The same episodes through vLLM's async engine (built inside this event loop, shut down after)."""
-    from seal.eval.policies import VLLMGenerator
+def run_vllm(model_dir: str, model: Any, tokenizer: Any, args: argparse.Namespace
+             ) -> tuple[float, list[list[Generation]], int]:
+    """The same episodes through the local engine's vLLM generation (built here, shut down after); also returns
+    the engine steps the measured run took."""
+    from seal.rollout.vllm_generation import colocated_vllm
 
-    vgen = VLLMGenerator(model_dir, max_model_len=min(8192, args.prompt_tokens + 64 + args.calls
-                                                      * (args.max_tokens + args.observation_tokens) + 64),
-                         max_num_seqs=args.episodes)
+    max_model_len = min(8192, args.prompt_tokens + 64 + args.calls * (args.max_tokens + args.observation_tokens) + 64)
+    vgen = colocated_vllm(model_dir, model, tokenizer, args.device, max_model_len=max_model_len,
+                          max_num_seqs=args.episodes)
     print(f"vllm: {vgen.describe()}")
     try:
-        await run_episodes(vgen.generate, argparse.Namespace(**{**vars(args), "episodes": 1, "calls": 1}))
-        return await run_episodes(vgen.generate, args)
+        asyncio.run(run_episodes(vgen, argparse.Namespace(**{**vars(args), "episodes": 1, "calls": 1})))  # warm-up
+        vgen.engine.reset_prefix_cache()  # the warm-up's prompt is episode 0's: no head start from its cache
+        before = vgen.steps
+        wall, outs = asyncio.run(run_episodes(vgen, args))
+        return wall, outs, vgen.steps - before
     finally:
-        await vgen.aclose()
+        vgen.close()
 
 
 if __name__ == "__main__":

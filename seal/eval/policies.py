@@ -39,6 +39,7 @@ from env_service.tasks import TURN_END_REPLY, ground_truth_replies
 from seal.rollout.codec import ChatCodec, TemplateError
 from seal.rollout.episode import TokenTurns, Turns
 from seal.rollout.types import GenerateFn, Generation, Rollout, RolloutLimits, SamplingParams
+from seal.rollout.vllm_generation import vllm_engine_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -255,73 +256,6 @@ class VLLMGenerator:
             # go before the evaluation returns (left to `__del__` at interpreter exit, it fails noisily).
             engine.shutdown()
             del engine
-
-
-def vllm_on_cpu() -> bool:
-    """True when the installed vLLM is its CPU build (it decides from its version's `+cpu` suffix)."""
-    from vllm.platforms import current_platform
-
-    return bool(current_platform.is_cpu())
-
-
-def kv_bytes_per_token(path: str | os.PathLike) -> int:
-    """KV-cache bytes one token takes in a model of this `config.json`: keys and values of every layer, in the
-    model's dtype (float32: 4 bytes, else 2)."""
-    config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
-    config = config.get("text_config", config) if "num_hidden_layers" not in config else config
-    heads = int(config["num_attention_heads"])
-    head_dim = int(config.get("head_dim") or config["hidden_size"] // heads)
-    kv_heads = int(config.get("num_key_value_heads") or heads)
-    dtype = str(config.get("dtype") or config.get("torch_dtype") or "bfloat16")
-    return 2 * int(config["num_hidden_layers"]) * kv_heads * head_dim * (4 if "32" in dtype else 2)
-
-
-CPU_KV_SHARE = 0.25  # at most this share of the host's available memory goes to vLLM's KV cache on CPU (ours)
-
-
-def cpu_kv_cache_bytes(path: str | os.PathLike, max_model_len: int, max_num_seqs: int,
-                       available: int | None = None) -> int:
-    """vLLM's KV cache on CPU: room for `max_num_seqs` full-length sequences, capped at `CPU_KV_SHARE` of the
-    host's available memory but never below one full-length sequence.
-
-    On CPU vLLM reads `gpu_memory_utilization` as a share of the whole host RAM and refuses to start when
-    that much is not free (on a shared machine, always); an explicit size avoids it, and sizes the cache
-    from what the evaluation needs rather than from the machine."""
-    if available is None:
-        import psutil
-
-        available = int(psutil.virtual_memory().available)
-    per_sequence = kv_bytes_per_token(path) * max_model_len
-    return max(per_sequence, min(per_sequence * max_num_seqs, int(available * CPU_KV_SHARE)))
-
-
-def cpu_has_fast_bf16() -> bool:
-    """Whether this CPU computes bfloat16 natively (AVX-512 BF16 or AMX). vLLM's CPU build loads a model in
-    bfloat16 by default; without these instructions its oneDNN kernels refuse bfloat16 and the fallback is
-    many times slower than float32 (measured: a 3.4k-token prefill of SmolLM2-135M took minutes on an
-    AVX2-only machine)."""
-    import torch
-
-    return bool(torch.cpu._is_avx512_bf16_supported() or getattr(torch.cpu, "_is_amx_tile_supported", bool)())
-
-
-def vllm_engine_kwargs(path: str, tensor_parallel_size: int, gpu_memory_utilization: float, max_model_len: int,
-                       max_num_seqs: int) -> dict[str, Any]:
-    """vLLM engine arguments for evaluation: prefix caching on (an episode's calls share their conversation
-    prefix, so each call prefills only the new turn); on vLLM's CPU build also eager mode (graph capture and
-    compilation cost minutes and buy nothing for a few hundred calls) and an explicit KV-cache size
-    (`cpu_kv_cache_bytes`)."""
-    kwargs: dict[str, Any] = {"model": path, "tensor_parallel_size": tensor_parallel_size,
-                              "max_model_len": max_model_len, "max_num_seqs": max_num_seqs,
-                              "enable_prefix_caching": True}
-    if vllm_on_cpu():
-        kwargs.update(enforce_eager=True,
-                      kv_cache_memory_bytes=cpu_kv_cache_bytes(path, max_model_len, max_num_seqs))
-        if not cpu_has_fast_bf16():
-            kwargs["dtype"] = "float32"
-    else:
-        kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-    return kwargs
 
 
 # --- OpenAI-compatible servers --------------------------------------------------------------------------

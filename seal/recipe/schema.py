@@ -42,6 +42,8 @@ TRAINER_DEVICES = ("cuda", "cpu")
 # verl engine: what of the FSDP actor lives in host memory between uses (docs/verl_engine.md, memory table).
 ACTOR_OFFLOADS = ("none", "optimizer", "all")
 WARM_START_SCHEDULES = ("constant", "cosine")
+# The local engine's generation (seal.engines.local.engine.choose_backend resolves `auto`).
+ROLLOUT_BACKENDS = ("auto", "hf", "vllm")
 # verl.trainer.ppo.core_algos.kl_penalty / agg_loss accept these.
 KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -178,6 +180,11 @@ class RolloutConfig:
     gpu_memory_utilization: float = knob(0.6, source="paper", gt=0, le=1,
                                          help="vLLM's share of GPU memory (release: 0.4)")
     tensor_parallel_size: int = knob(1, source="ours", ge=1, help="vLLM tensor parallelism")
+    backend: str = knob("auto", source="ours", choices=ROLLOUT_BACKENDS,
+                        help="local engine's generation: hf (batched Hugging Face) | vllm (a vLLM engine in the "
+                             "training process, weights synced after every update) | auto: vllm where vLLM imports, "
+                             "runs the model (on CPU: head_dim >= 32) and scripts/bench_generation.py measured it "
+                             "faster than hf on this kind of device, and generation is not deterministic; else hf")
     generation_batch_size: int = knob(32, source="ours", ge=1,
                                       help="local engine: model calls of concurrent episodes generated together (rows)")
     generation_batch_tokens: int = knob(262144, source="ours", ge=1,
@@ -250,7 +257,7 @@ class Recipe:
     experiment_name: str = knob("SEAL", source="ours", help="run directory: ${run_root}/${experiment_name}")
     run_root: str = knob("runs", source="ours", help="parent of run directories (relative = from the cwd)")
     engine: str = knob("verl", source="ours", choices=ENGINES,
-                       help="verl (GPU, Ray, vLLM) | local (one process, HF generation; CPU or 1 GPU)")
+                       help="verl (GPU, Ray, vLLM) | local (one process, HF or vLLM generation; CPU or 1 GPU)")
     seed: int = knob(1, source="ours", help="seed of data order, sampling and the local engine")
     model: ModelConfig = field(default_factory=ModelConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -285,6 +292,12 @@ class Recipe:
             problems.append("model.build_tiny is for engine: local only (or engine verl with trainer.device: cpu)")
         if self.model.warm_start.enable and self.engine != "local":
             problems.append("model.warm_start.enable is for engine: local only")
+        if self.rollout.backend != "auto" and self.engine != "local":
+            problems.append("rollout.backend is the local engine's generation (the verl engine generates with vLLM, "
+                            "or with its Hugging Face server on CPU)")
+        if self.rollout.backend == "vllm" and self.rollout.deterministic_generation:
+            problems.append("rollout.deterministic_generation is Hugging Face's one-call-at-a-time mode: use it with "
+                            "rollout.backend hf or auto (vLLM batches calls)")
         if self.data.sampler == "failure_profile" and self.engine != "local":
             problems.append("data.sampler: failure_profile is for engine: local only (verl's data loader draws "
                             "its own batches)")

@@ -213,7 +213,7 @@ class _Call:
     arrived: float
 
 
-def _settle(future: concurrent.futures.Future, result: Any = None, exc: BaseException | None = None) -> None:
+def settle(future: concurrent.futures.Future, result: Any = None, exc: BaseException | None = None) -> None:
     """Resolve a call's future unless its episode was cancelled meanwhile."""
     try:
         if exc is not None:
@@ -307,10 +307,10 @@ class HFGenerator:
                                           self.stop_ids, self.device, self.autocast_dtype)
             except BaseException as exc:  # noqa: BLE001 - every waiting episode gets the error, the worker lives on
                 for c in batch:
-                    _settle(c.future, exc=exc)
+                    settle(c.future, exc=exc)
                 continue
             for c, out in zip(batch, outs, strict=True):
-                _settle(c.future, result=out)
+                settle(c.future, result=out)
 
     @classmethod
     def from_pretrained(cls, path: str, device: str | None = None, dtype: str = "auto",

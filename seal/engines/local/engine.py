@@ -1,9 +1,10 @@
 """The embedded `local` engine: SEAL's GRPO training loop in one process (CPU, or one GPU).
 
 Same agent loop, env service, SEAL controller and batching as the verl engine; generation is batched
-Hugging Face decoding (`seal/rollout/hf_generation.py`) and the policy update uses verl's own loss
-functions (`verl.trainer.ppo.core_algos`: `compute_grpo_outcome_advantage`, `compute_policy_loss_vanilla`
-(dual-clip), `kl_penalty`, `agg_loss`).
+Hugging Face decoding (`seal/rollout/hf_generation.py`) or a vLLM engine in this process whose weights are
+synced after every update (`seal/rollout/vllm_generation.py`; `rollout.backend`, `choose_backend`), and the
+policy update uses verl's own loss functions (`verl.trainer.ppo.core_algos`: `compute_grpo_outcome_advantage`,
+`compute_policy_loss_vanilla` (dual-clip), `kl_penalty`, `agg_loss`).
 
 Read it top to bottom: `train` (the entry) and `setup` build a `LocalRun`; `training_step` is one SEAL
 step, every controller call in order (docs/engines.md, "One training step"); below it the plumbing
@@ -13,7 +14,7 @@ Determinism: every model call is seeded from (seed, step, request index, prompt 
 resumed from a checkpoint continues as the uninterrupted run. Exactly (bit for bit, on the same device
 and thread count) with `rollout.deterministic_generation`, where every call is computed alone; in the
 default batched generation a call's logits can differ in the last bits with the batch it shared
-(`seal/rollout/hf_generation.py`).
+(`seal/rollout/hf_generation.py`); vLLM's likewise.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from seal.rollout.episode import EpisodeRequest, check_infra_loss, run_batch
 from seal.rollout.hf_generation import HFGenerator
 from seal.rollout.hf_generation import autocast_context as _autocast
 from seal.rollout.types import GenerateFn, Rollout, SamplingParams
+from seal.rollout.vllm_generation import ColocatedVLLM, colocated_vllm, vllm_cannot_run
 from seal.run_dir import TRAINER_STATE_FILE, Checkpoints, RunDir, best_record, improves
 
 log = logging.getLogger("seal.engines.local.engine")
@@ -69,6 +71,7 @@ class LocalRun:
     optimizer: torch.optim.Optimizer
     controller: SealController
     generate: GenerateFn
+    vllm: ColocatedVLLM | None  # the generation engine when it is vLLM: weights synced, log-probs checked
     logger: MetricsLogger
     train_tasks: list[Task]
     val_tasks: list[Task]
@@ -101,7 +104,7 @@ def train(cfg: C.Recipe, run_dir: str | os.PathLike[str], generate_factory: Gene
             steps_bar.update(1)
         steps_bar.close()
     finally:
-        run.logger.close()
+        close(run)
     return {"last_step": run.total_steps, "best": run.best, "run_dir": str(run.run.root),
             "run_id": run.controller.run_id}
 
@@ -157,8 +160,17 @@ def setup(cfg: C.Recipe, run_dir: str | os.PathLike[str], generate_factory: Gene
     logger = MetricsLogger(run.root, list(cfg.trainer.logger), resume_step=start_step if resume_from else None,
                            wandb_project=cfg.trainer.wandb_project, experiment_name=cfg.experiment_name,
                            config=C.to_container(cfg))
-    generate = (generate_factory or (lambda m, t, d: hf_generator(cfg, m, t, d, autocast_dtype)))(
-        model, tokenizer, device)
+    vllm = None
+    if generate_factory is not None:
+        generate = generate_factory(model, tokenizer, device)
+    else:
+        backend, why = choose_backend(cfg, load_path, device)
+        log.info("rollout backend: %s (%s)", backend, why)
+        if backend == "vllm":
+            generate = vllm = vllm_generator(cfg, model, tokenizer, load_path, device)
+            log.info("rollout backend: %s", vllm.describe())
+        else:
+            generate = hf_generator(cfg, model, tokenizer, device, autocast_dtype)
     pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
     log.info("local engine: %d train tasks, %d val tasks, %d steps (%d per epoch), device %s, run %s",
              len(train_tasks), len(val_tasks), total_steps, spe, device, controller.run_id)
@@ -166,9 +178,19 @@ def setup(cfg: C.Recipe, run_dir: str | os.PathLike[str], generate_factory: Gene
         log.info("the run in %s is already complete (step %d of %d); trainer.resume=disable starts it over",
                  run.root, start_step, total_steps)
     return LocalRun(cfg=cfg, run=run, device=device, autocast_dtype=autocast_dtype, tokenizer=tokenizer, model=model,
-                    ref_model=ref_model, optimizer=optimizer, controller=controller, generate=generate, logger=logger,
+                    ref_model=ref_model, optimizer=optimizer, controller=controller, generate=generate, vllm=vllm,
+                    logger=logger,
                     train_tasks=train_tasks, val_tasks=val_tasks, total_steps=total_steps, steps_per_epoch=spe,
                     pad_id=pad_id, start_step=start_step, resumed=resume_from is not None, best=best)
+
+
+def close(run: LocalRun) -> None:
+    """The end of a run: the metrics log is closed and a vLLM engine shut down."""
+    try:
+        run.logger.close()
+    finally:
+        if run.vllm is not None:
+            run.vllm.close()
 
 
 # =========================================================================== the training step
@@ -203,8 +225,18 @@ def training_step(run: LocalRun, step: int) -> dict[str, float]:
         metrics |= controller.reweight(data, step)
         metrics["train/advantage_abs_mean"] = advantage_abs_mean(data)
         metrics["train/mixed_group_frac"] = mixed_group_frac(kept)
-        metrics |= ppo_update(run.model, run.ref_model, run.optimizer, data, cfg, run.device, run.autocast_dtype)
+        old_logp = None
+        if run.vllm is not None:  # verl's check of the rollout engine against the actor, on every step
+            old_logp = actor_logprobs(run.model, data, cfg, run.device, run.autocast_dtype)
+            metrics |= rollout_logprob_check(data, old_logp)
+        metrics |= ppo_update(run.model, run.ref_model, run.optimizer, data, cfg, run.device, run.autocast_dtype,
+                              old_logp=old_logp)
         metrics["timing/update"] = time.perf_counter() - t0
+        if run.vllm is not None and not metrics["actor/update_skipped"]:
+            # Step t+1's episodes are sampled from the policy this update made.
+            t0 = time.perf_counter()
+            run.vllm.sync_weights(run.model)
+            metrics["timing/weight_sync"] = time.perf_counter() - t0
     else:
         log.warning("step %d: every rollout was excluded; no update", step)
 
@@ -471,6 +503,50 @@ def _dtypes(cfg: C.Recipe, device: torch.device) -> torch.dtype | None:
     return torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float16
 
 
+# vLLM's tokens/s over batched HF generation's, per kind of device, measured with scripts/bench_generation.py
+# (docs/engines.md, "Speed"): `rollout.backend: auto` takes vLLM only where this is above 1. A kind that has
+# not been measured gets HF. cpu: SmolLM2-135M, 8 episodes x 2 calls of ~1k-token prompts on a shared 2-core
+# machine, the lower of two runs (8.1x and 10.2x; vLLM was also 3.1x and 6.9x HF one call at a time). No GPU
+# measurement yet.
+MEASURED_VLLM_SPEEDUP: dict[str, float] = {"cpu": 8.1}
+
+
+def choose_backend(cfg: C.Recipe, model_path: str | os.PathLike[str], device: torch.device) -> tuple[str, str]:
+    """`rollout.backend` resolved for this run: ("hf" or "vllm", why). `vllm` asked for where vLLM cannot run the
+    model raises; `auto` is vllm only where vLLM can run it and was measured faster here (`MEASURED_VLLM_SPEEDUP`),
+    and never with `rollout.deterministic_generation` (HF's one-call-at-a-time mode)."""
+    asked = cfg.rollout.backend
+    if asked == "hf":
+        return "hf", "rollout.backend: hf"
+    if asked == "vllm":
+        problem = vllm_cannot_run(model_path, device.type)
+        if problem:
+            raise ValueError(f"rollout.backend: vllm, but {problem}; use rollout.backend hf or auto")
+        return "vllm", "rollout.backend: vllm"
+    # auto: the cheap reasons first (vllm_cannot_run imports vLLM, which takes seconds)
+    if cfg.rollout.deterministic_generation:
+        return "hf", "auto: rollout.deterministic_generation computes every call alone, with HF"
+    speedup = MEASURED_VLLM_SPEEDUP.get(device.type)
+    if speedup is None:
+        return "hf", f"auto: vLLM has not been measured against batched HF on {device.type}"
+    if speedup <= 1.0:
+        return "hf", f"auto: vLLM measured {speedup:.1f}x batched HF's tokens/s on {device.type}"
+    problem = vllm_cannot_run(model_path, device.type)
+    if problem:
+        return "hf", f"auto: {problem}"
+    return "vllm", f"auto: vLLM runs this model and measured {speedup:.1f}x batched HF's tokens/s on {device.type}"
+
+
+def vllm_generator(cfg: C.Recipe, model: Any, tokenizer: Any, path: str | os.PathLike[str],
+                   device: torch.device) -> ColocatedVLLM:
+    """vLLM generation in this process, from the files the actor was loaded from: one sequence per episode in
+    flight, the run's context window and seed."""
+    rollout = cfg.rollout
+    return colocated_vllm(path, model, tokenizer, device.type, max_model_len=rollout.max_model_len,
+                          max_num_seqs=rollout.concurrency, seed=cfg.seed, dtype=cfg.model.dtype,
+                          gpu_memory_utilization=rollout.gpu_memory_utilization)
+
+
 def hf_generator(cfg: C.Recipe, model: Any, tokenizer: Any, device: torch.device,
                  autocast_dtype: torch.dtype | None) -> HFGenerator:
     """HF generation: concurrent episodes' calls batched, or one at a time with `deterministic_generation`."""
@@ -584,9 +660,35 @@ def batch_logprobs(model: Any, data: Any, micro: int, device: torch.device, temp
     return out
 
 
+def actor_logprobs(model: Any, data: Any, cfg: C.Recipe, device: torch.device,
+                   autocast_dtype: torch.dtype | None) -> torch.Tensor:
+    """`batch_logprobs` of `model` at the training temperature, in the update's micro-batches."""
+    return batch_logprobs(model, data, cfg.actor.ppo_micro_batch_size_per_gpu, device, cfg.rollout.temperature or 1.0,
+                          autocast_dtype)
+
+
+def rollout_logprob_check(data: Any, old_logp: torch.Tensor) -> dict[str, float]:
+    """verl's check of the rollout engine against the actor (`verl.utils.debug.metrics.calculate_debug_metrics`):
+    |exp(log-prob the engine sampled with) - exp(the actor's recomputed log-prob)| over the sampled response
+    tokens, as `rollout/probs_diff_{max,mean,std}`. Both compute the same policy on the same tokens, so a large
+    difference means stale weights in the engine or tokens that drifted."""
+    from verl.utils.debug.metrics import calculate_debug_metrics
+
+    if "rollout_log_probs" not in data.batch:
+        return {}
+    data.batch["old_log_probs"] = old_logp
+    out = calculate_debug_metrics(data)
+    if not out.get("training/rollout_probs_diff_valid"):
+        return {}
+    return {f"rollout/probs_diff_{stat}": float(out[f"training/rollout_probs_diff_{stat}"])
+            for stat in ("max", "mean", "std")}
+
+
 def ppo_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Optimizer, data: Any, cfg: C.Recipe,
-               device: torch.device, autocast_dtype: torch.dtype | None = None) -> dict[str, float]:
-    """PPO/GRPO actor update on `data` (advantages already computed and A-Patched).
+               device: torch.device, autocast_dtype: torch.dtype | None = None,
+               old_logp: torch.Tensor | None = None) -> dict[str, float]:
+    """PPO/GRPO actor update on `data` (advantages already computed and A-Patched); `old_logp`: the actor's
+    log-probs of `data` when already computed (`actor_logprobs`).
 
     Mini-batches: the batch is split into train_batch_size / ppo_mini_batch_size parts (verl: one
     optimizer step per mini-batch of ppo_mini_batch_size tasks × n samples); each is processed in
@@ -601,10 +703,11 @@ def ppo_update(model: Any, ref_model: Any | None, optimizer: torch.optim.Optimiz
     temperature = cfg.rollout.temperature or 1.0
     micro = actor.ppo_micro_batch_size_per_gpu
     model.eval()
-    old_logp = batch_logprobs(model, data, micro, device, temperature, autocast_dtype)
+    if old_logp is None:
+        old_logp = actor_logprobs(model, data, cfg, device, autocast_dtype)
     ref_logp = None
     if actor.use_kl_loss and ref_model is not None:
-        ref_logp = batch_logprobs(ref_model, data, micro, device, temperature, autocast_dtype)
+        ref_logp = actor_logprobs(ref_model, data, cfg, device, autocast_dtype)
     model.train()
     advantages = data.batch["advantages"]
     mask = data.batch["response_mask"].float()

@@ -1,0 +1,133 @@
+"""The local engine's `rollout.backend`: vLLM in the training process (the real CPU build, no fakes), its weights
+synced after every update and checked against the actor's log-probs; `auto`'s choice; the recipe rules."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from seal import recipe as C
+from seal.engines.local import engine as E
+from seal.rollout.types import SamplingParams
+from tests.engines.test_local_engine import _resume_cfg
+
+REPO = Path(__file__).resolve().parents[2]
+PROBE = [151644, 872, 198, 9707, 11, 1879, 0, 151645, 198, 151644, 77091, 198]  # a user turn + assistant header
+
+
+def _shm() -> set[str]:
+    return set(os.listdir("/dev/shm"))
+
+
+def _mapped_elsewhere(name: str) -> bool:
+    """Whether another live process maps /dev/shm/`name` (another job's segment on a shared machine)."""
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        if maps.parent.name != str(os.getpid()):
+            try:
+                if f"/dev/shm/{name}" in maps.read_text():
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+@pytest.fixture(scope="module")
+def peaked(tmp_path_factory):
+    """A vLLM-capable tiny Qwen2 (head_dim 32) whose next-token distributions are peaked (sampled tokens have
+    probabilities around 0.2, not the 1/150k of a random model), so that a change of weights shows in them."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from seal.tiny_model import build_tiny_qwen2
+
+    path = build_tiny_qwen2(tmp_path_factory.mktemp("peaked"), hidden=64, layers=2, heads=2, kv_heads=1)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    with torch.no_grad():
+        model.model.norm.weight.mul_(10.0)  # logits x10
+    model.save_pretrained(path)
+    AutoTokenizer.from_pretrained(path).save_pretrained(path)
+    return path
+
+
+def _probe(run: E.LocalRun, ids: list[int] | None = None) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    """vLLM's greedy tokens after PROBE with their log-probs, and the actor's log-probs of `ids` (default: those
+    tokens) from a full forward."""
+    gen = asyncio.run(run.generate(PROBE, SamplingParams(temperature=0.0, max_tokens=6)))
+    ids = ids if ids is not None else gen.token_ids
+    with torch.no_grad():
+        logits = run.model(torch.tensor([PROBE + ids])).logits[0, len(PROBE) - 1:-1].float()
+    actor = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids)[:, None])[:, 0]
+    return gen.token_ids, torch.tensor(gen.logprobs), actor
+
+
+@pytest.mark.slow  # builds an in-process vLLM engine and trains two steps against the env service (~1-2 min)
+def test_vllm_backend_samples_with_the_updated_weights(tmp_path, peaked, service_url):
+    pytest.importorskip("vllm")
+    import psutil
+
+    shm_before, children_before = _shm(), set(psutil.Process().children(recursive=True))  # the env service's
+    # An entropy bonus gives the random model's update a gradient (its rewards are all 0): the weights move.
+    cfg = _resume_cfg(tmp_path, peaked, service_url, ("rollout.backend=vllm", "rollout.deterministic_generation=false",
+                                                      "actor.entropy_coeff=0.01", "trainer.save_freq=0"))
+    run = E.setup(cfg, C.run_dir(cfg))
+    try:
+        assert isinstance(run.vllm, E.ColocatedVLLM) and run.generate is run.vllm
+        ids0, vllm0, actor0 = _probe(run)
+        assert (vllm0.exp() - actor0.exp()).abs().max() < 1e-3
+        metrics = [E.training_step(run, step) for step in (1, 2)]
+        for m in metrics:
+            assert m["actor/update_skipped"] == 0.0 and "timing/weight_sync" in m
+            assert m["rollout/probs_diff_max"] < 1e-3, m
+            assert 0 <= m["rollout/probs_diff_mean"] <= m["rollout/probs_diff_max"]
+        # The updates moved the policy: vLLM's log-probs from before them are off by far more than the check
+        # allows, so stale weights would have failed step 2's check; the synced engine agrees with the actor.
+        _, _, actor_now = _probe(run, ids0)
+        assert (vllm0.exp() - actor_now.exp()).abs().max() > 1e-2
+        _, vllm_now, actor_now = _probe(run)
+        assert (vllm_now.exp() - actor_now.exp()).abs().max() < 1e-3
+    finally:
+        E.close(run)
+    assert not [t for t in threading.enumerate() if t.name == "vllm-generation"]  # the worker ended
+    assert set(psutil.Process().children(recursive=True)) <= children_before  # in-process: no engine process
+    assert not {n for n in _shm() - shm_before if not _mapped_elsewhere(n)}
+
+
+def test_auto_takes_hf_for_a_model_vllm_cannot_run(tmp_path):
+    pytest.importorskip("vllm")
+    from seal.tiny_model import build_tiny_qwen2
+
+    small = build_tiny_qwen2(tmp_path / "tiny16")  # the default tiny model: 4 heads of 16
+    cpu = torch.device("cpu")
+    cfg = C.load_config(REPO / "exp" / "tiny_cpu.yaml", [f"model.path={small}", "model.build_tiny=false",
+                                                         "rollout.deterministic_generation=false"])
+    backend, why = E.choose_backend(cfg, small, cpu)
+    assert backend == "hf" and "head_dim 16" in why
+    vllm_cfg = C.load_config(REPO / "exp" / "tiny_cpu.yaml", [f"model.path={small}", "model.build_tiny=false",
+                                                              "rollout.deterministic_generation=false",
+                                                              "rollout.backend=vllm"])
+    with pytest.raises(ValueError, match="head_dim 16"):
+        E.choose_backend(vllm_cfg, small, cpu)
+    # The README's recipe as it is: HF, one call at a time.
+    assert E.choose_backend(C.load_config(REPO / "exp" / "tiny_cpu.yaml"), small, cpu)[0] == "hf"
+    # A model vLLM runs: vLLM exactly where it was measured faster on this kind of device.
+    capable = build_tiny_qwen2(tmp_path / "tiny32", hidden=64, layers=1, heads=2, kv_heads=1)
+    faster = E.MEASURED_VLLM_SPEEDUP.get("cpu", 0.0) > 1.0
+    assert E.choose_backend(cfg, capable, cpu)[0] == ("vllm" if faster else "hf")
+    cuda_cfg = C.load_config(REPO / "exp" / "tiny_cpu.yaml", [f"model.path={capable}", "model.build_tiny=false",
+                                                              "rollout.deterministic_generation=false",
+                                                              "rollout.backend=vllm"])
+    assert E.choose_backend(cfg, capable, torch.device("cuda"))[0] == "hf"  # not measured on a GPU
+    with pytest.raises(ValueError, match="CPU build"):  # and this vLLM is the CPU build
+        E.choose_backend(cuda_cfg, capable, torch.device("cuda"))
+
+
+def test_backend_rules_of_the_recipe():
+    with pytest.raises(C.ConfigError, match="deterministic_generation"):
+        C.load_config(REPO / "exp" / "tiny_cpu.yaml", ["rollout.backend=vllm"])
+    with pytest.raises(C.ConfigError, match="rollout.backend is the local engine's"):
+        C.load_config(REPO / "exp" / "SEAL.yaml", ["rollout.backend=hf"])
+    assert C.load_config(REPO / "exp" / "tiny_cpu.yaml").rollout.backend == "auto"
