@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 
@@ -30,3 +32,17 @@ def play_turns(task: Any, turns: list[list[str]], config: Any, mode: str = "eval
         if not episode.done:
             episode.step("Done.")
     return episode
+
+
+def mapped_elsewhere(name: str) -> bool:
+    """Whether a live process other than this one maps /dev/shm/`name` (another job's segment on a shared
+    machine; a test's own engine processes are gone by the time it looks)."""
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        if maps.parent.name == str(os.getpid()):
+            continue
+        try:
+            if f"/dev/shm/{name}" in maps.read_text():
+                return True
+        except OSError:
+            continue
+    return False

@@ -21,6 +21,7 @@ from env_service.process import free_port  # noqa: E402
 from seal.eval import evaluate as ev  # noqa: E402
 from seal.models.smollm2 import build_smollm2  # noqa: E402
 from seal.run_dir import BEST_METRIC  # noqa: E402
+from tests.helpers import mapped_elsewhere  # noqa: E402
 
 pytestmark = pytest.mark.slow  # each test starts a vLLM engine (1-3 min on a loaded 2-core machine)
 
@@ -32,18 +33,6 @@ def _shm() -> set[str]:
     return set(os.listdir("/dev/shm"))
 
 
-def _mapped_elsewhere(name: str) -> bool:
-    """Whether a live process other than this one maps /dev/shm/`name` (another session's engine on a shared
-    machine; this test's own engine processes are gone by the time it looks)."""
-    for maps in Path("/proc").glob("[0-9]*/maps"):
-        if maps.parent.name == str(os.getpid()):
-            continue
-        try:
-            if f"/dev/shm/{name}" in maps.read_text():
-                return True
-        except OSError:
-            continue
-    return False
 
 
 @pytest.fixture
@@ -53,7 +42,7 @@ def no_leftovers():
     yield
 
     def left() -> set[str]:
-        return {n for n in _shm() - before if not _mapped_elsewhere(n)}
+        return {n for n in _shm() - before if not mapped_elsewhere(n)}
 
     deadline = time.monotonic() + 30
     while left() and time.monotonic() < deadline:
