@@ -191,7 +191,7 @@ class RunDir:
         return self.root / VALIDATION_DIR / f"{STEP_PREFIX}{int(step)}.jsonl"
 
     def transcripts_file(self, step: int) -> Path:
-        """A bounded sample of step `step`'s training transcripts (the local engine writes it)."""
+        """A bounded sample of step `step`'s training transcripts (`write_transcripts`; both engines)."""
         return self.root / TRANSCRIPTS_DIR / f"{STEP_PREFIX}{int(step)}.jsonl"
 
     def subset_file(self, split: str) -> Path:
@@ -330,3 +330,38 @@ def hf_weights_dir(checkpoint: str | os.PathLike[str]) -> Path | None:
         ):
             return candidate
     return None
+
+
+# --------------------------------------------------------------------------- training transcripts
+TRANSCRIPTS_PER_STEP = 4  # training transcripts kept per step: the first rollout of each of the first 4 tasks
+TRANSCRIPT_TEXT_CHARS = 4000  # each text of the sample is cut to this many characters
+
+
+def transcript_sample(task_ids: list[str | None]) -> list[int]:
+    """Indices of the rows whose transcripts a step keeps: the first row of each of the first
+    `TRANSCRIPTS_PER_STEP` tasks (None: a row that is no episode, e.g. verl's padding)."""
+    seen: set[str] = set()
+    kept: list[int] = []
+    for i, task_id in enumerate(task_ids):
+        if task_id is not None and task_id not in seen and len(kept) < TRANSCRIPTS_PER_STEP:
+            seen.add(task_id)
+            kept.append(i)
+    return kept
+
+
+def cut_text(text: str, keep_end: bool = False) -> str:
+    """`text` cut to `TRANSCRIPT_TEXT_CHARS` characters, keeping its start (or its end), saying how much went."""
+    extra = len(text) - TRANSCRIPT_TEXT_CHARS
+    if extra <= 0:
+        return text
+    note = f"[... {extra} characters cut]"
+    return f"{note} {text[-TRANSCRIPT_TEXT_CHARS:]}" if keep_end else f"{text[:TRANSCRIPT_TEXT_CHARS]} {note}"
+
+
+def write_transcripts(path: Path, entries: list[dict[str, Any]]) -> None:
+    """One JSON line per kept episode (`transcript_sample`), texts already cut (`cut_text`): a user can read
+    what the model did at every step, in a file bounded whatever the batch size."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as fh:
+        for entry in entries:
+            fh.write(json.dumps(entry, ensure_ascii=False) + "\n")

@@ -330,13 +330,16 @@ def test_gradient_checkpointing_recomputes_layers_with_the_same_update(tiny):
 
 
 def test_transcript_sample_is_bounded(tmp_path):
-    long = "x" * (E.TRANSCRIPT_MESSAGE_CHARS + 10)
+    from seal.run_dir import TRANSCRIPT_TEXT_CHARS, TRANSCRIPTS_PER_STEP, write_transcripts
+
+    long = "x" * (TRANSCRIPT_TEXT_CHARS + 10)
     rollouts = [Rollout(task_id=f"multi_turn_base_{i // 2}", mode="train", reward=float(i % 2),
                         messages=[{"role": "system", "content": long}, {"role": "assistant", "content": "hi"}])
-                for i in range(2 * (E.TRANSCRIPTS_PER_STEP + 3))]
+                for i in range(2 * (TRANSCRIPTS_PER_STEP + 3))]
     path = tmp_path / "transcripts" / "step_3.jsonl"
-    E.write_transcripts(path, rollouts)
+    write_transcripts(path, E.transcript_entries(rollouts))
     lines = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [r["task_id"] for r in lines] == [f"multi_turn_base_{i}" for i in range(E.TRANSCRIPTS_PER_STEP)]
+    assert [r["task_id"] for r in lines] == [f"multi_turn_base_{i}" for i in range(TRANSCRIPTS_PER_STEP)]
+    assert [r["reward"] for r in lines] == [0.0] * TRANSCRIPTS_PER_STEP  # the first rollout of each task
     assert lines[0]["messages"][0]["content"].endswith("[... 10 characters cut]")
     assert lines[0]["messages"][1]["content"] == "hi"

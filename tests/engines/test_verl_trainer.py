@@ -188,6 +188,10 @@ def test_advantage_step_grpo_then_apatch_hand_computed(model_dir, tmp_path, monk
         assert adv.shape == mask.shape, key
         assert torch.allclose(adv[mask], torch.full_like(adv[mask], value), atol=1e-5), (key, adv, value)
         assert torch.all(adv[~mask] == 0), key
+    # the step's transcript sample: the first row of each task (verl's padding row is no episode)
+    kept = [json.loads(line) for line in (tmp_path / "transcripts" / "step_1.jsonl").read_text().splitlines()]
+    assert [(k["task_id"], k["reward"]) for k in kept] == [("multi_turn_base_1", 1.0), ("multi_turn_miss_func_2", 1.0)]
+    assert kept[0]["prompt"] and kept[0]["response"] and kept[0]["failure_tags"] == ["pass", "pass"]
     assert metrics["seal/excluded_rows"] == 2.0  # the excluded episode and verl's padding row
     assert metrics["train/num_rollouts"] == 6.0 and metrics["train/excluded"] == 1.0
     assert metrics["train/reward_mean"] == pytest.approx(2 / 5) and metrics["apatch/scaled_count"] == 5.0

@@ -49,7 +49,16 @@ from seal.rollout.hf_generation import HFGenerator
 from seal.rollout.hf_generation import autocast_context as _autocast
 from seal.rollout.types import GenerateFn, Rollout, SamplingParams
 from seal.rollout.vllm_generation import ColocatedVLLM, colocated_vllm, vllm_cannot_run
-from seal.run_dir import TRAINER_STATE_FILE, Checkpoints, RunDir, best_record, improves
+from seal.run_dir import (
+    TRAINER_STATE_FILE,
+    Checkpoints,
+    RunDir,
+    best_record,
+    cut_text,
+    improves,
+    transcript_sample,
+    write_transcripts,
+)
 
 log = logging.getLogger("seal.engines.local.engine")
 
@@ -210,7 +219,7 @@ def training_step(run: LocalRun, step: int) -> dict[str, float]:
     metrics: dict[str, float] = {"timing/rollout": time.perf_counter() - t0,
                                  "train/epoch": float(epoch), "train/step_in_epoch": float(index)}
 
-    write_transcripts(run.run.transcripts_file(step), rollouts)
+    write_transcripts(run.run.transcripts_file(step), transcript_entries(rollouts))
 
     # 2. C_t: the capability state observes the step's non-excluded rollouts.
     metrics |= controller.observe([r.record() for r in rollouts], step)
@@ -360,36 +369,13 @@ def _accuracy_reward(result: dict) -> float:
     return float(result["accuracy"])
 
 
-TRANSCRIPTS_PER_STEP = 4  # training transcripts kept per step: the first rollout of each of the first 4 tasks
-TRANSCRIPT_MESSAGE_CHARS = 4000  # each message's content is cut to this many characters in the sample
-
-
-def write_transcripts(path: Path, rollouts: Sequence[Rollout]) -> None:
-    """Keep a bounded sample of a step's training episodes (`transcripts/step_<N>.jsonl`), so a user can read
-    what the model did; bounded in episodes and message length, whatever the batch size."""
-    seen: set[str] = set()
-    sample = []
-    for r in rollouts:
-        if r.task_id in seen:
-            continue
-        seen.add(r.task_id)
-        sample.append(r)
-        if len(sample) == TRANSCRIPTS_PER_STEP:
-            break
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as fh:
-        for r in sample:
-            messages = [{**m, "content": _cut(str(m.get("content", "")))} for m in r.messages]
-            fh.write(json.dumps({"task_id": r.task_id, "category": r.category, "reward": r.reward,
-                                 "accuracy": r.accuracy, "failure_tags": r.failure_tags,
-                                 "num_model_calls": r.num_model_calls, "stop_reason": r.stop_reason,
-                                 "excluded": r.excluded, "messages": messages}, ensure_ascii=False) + "\n")
-
-
-def _cut(text: str) -> str:
-    if len(text) <= TRANSCRIPT_MESSAGE_CHARS:
-        return text
-    return text[:TRANSCRIPT_MESSAGE_CHARS] + f" [... {len(text) - TRANSCRIPT_MESSAGE_CHARS} characters cut]"
+def transcript_entries(rollouts: Sequence[Rollout]) -> list[dict[str, Any]]:
+    """The step's kept episodes (`seal.run_dir.transcript_sample`) with their messages, each cut."""
+    return [{"task_id": r.task_id, "category": r.category, "reward": r.reward, "accuracy": r.accuracy,
+             "failure_tags": r.failure_tags, "num_model_calls": r.num_model_calls, "stop_reason": r.stop_reason,
+             "excluded": r.excluded,
+             "messages": [{**m, "content": cut_text(str(m.get("content", "")))} for m in r.messages]}
+            for r in (rollouts[i] for i in transcript_sample([r.task_id for r in rollouts]))]
 
 
 def validate(run: LocalRun, step: int) -> dict[str, float]:

@@ -126,7 +126,7 @@ from seal.core.record import EpisodeRecord, object_array  # noqa: E402
 from seal.engines.batching import no_learning_signal  # noqa: E402
 from seal.engines.verl.agent_loop import FEED_KEY  # noqa: E402
 from seal.logging_utils import append_metrics, metrics_row, trim_metrics  # noqa: E402
-from seal.run_dir import Checkpoints  # noqa: E402
+from seal.run_dir import Checkpoints, transcript_sample  # noqa: E402
 
 # TransferQueue fields `_compute_advantage` reads (verl's own list for its advantage step).
 ADVANTAGE_INPUTS = ["uid", "response_mask", "rm_scores", "rollout_log_probs", "old_log_probs", "ref_log_prob",
@@ -265,6 +265,10 @@ class TrainerAdapter(PPOTrainerSync):
         """verl has written `checkpoints.verl_step_dir(step)`."""
 
     @abstractmethod
+    def keep_transcripts(self, records: list[EpisodeRecord], tokens: list[tuple[list[int], list[int]]]) -> None:
+        """A sample of the step's training episodes: their records and (prompt, response) token ids."""
+
+    @abstractmethod
     def checkpoint_loaded(self, step: int, folder: Path) -> None:
         """verl has resumed from `folder` (a `global_step_N` folder) at `step` > 0."""
 
@@ -334,6 +338,7 @@ class TrainerAdapter(PPOTrainerSync):
         self.__dict__["_no_learning_signal"] = no_learning_signal(
             data.batch["advantages"], data.batch["response_mask"],
             float(self.config.actor_rollout_ref.actor.entropy_coeff))
+        self._keep_transcripts(keys, partition, records)
 
         out_fields = ["advantages", "returns"]
         if algorithm.use_kl_in_reward:
@@ -345,6 +350,20 @@ class TrainerAdapter(PPOTrainerSync):
         output = TensorDict({f: response_to_nested(data.batch[f], nested_mask) for f in out_fields},
                             batch_size=len(keys))
         return tq.kv_batch_put(keys=keys, partition_id=partition, fields=output)
+
+    def _keep_transcripts(self, keys: list[str], partition: str, records: list[EpisodeRecord | None]) -> None:
+        """The step's transcript sample (`seal.run_dir.transcript_sample`): the kept rows' token ids from
+        TransferQueue, handed to `keep_transcripts`. A diagnostic: a failure here is logged, never the step's."""
+        try:
+            rows = transcript_sample([r.task_id if r is not None else None for r in records])
+            if not rows:
+                return
+            td = tq.kv_batch_get(keys=[keys[i] for i in rows], partition_id=partition,
+                                 select_fields=["prompts", "responses"])
+            tokens = [(td["prompts"][j].tolist(), td["responses"][j].tolist()) for j in range(len(rows))]
+            self.keep_transcripts([records[i] for i in rows], tokens)
+        except Exception as exc:  # noqa: BLE001 - the transcripts are for reading, the step must go on
+            log.warning("step %s: training transcripts not written: %r", getattr(self, "global_steps", "?"), exc)
 
     def _update_actor(self, batch: Any, metrics: dict) -> Any:
         if not self.__dict__.pop("_no_learning_signal", False):

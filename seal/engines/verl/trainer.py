@@ -32,7 +32,7 @@ from seal.engines.verl.adapter import TrainerAdapter
 from seal.engines.verl.agent_loop import EpisodeFeed
 from seal.engines.verl.config import TRAINER_MODE
 from seal.rollout.episode import check_infra_loss
-from seal.run_dir import Checkpoints, RunDir, best_record, improves
+from seal.run_dir import Checkpoints, RunDir, best_record, cut_text, improves, write_transcripts
 
 log = logging.getLogger(__name__)
 # verl's convention (its modules do the same): INFO by default inside Ray workers, whose root logger verl sets
@@ -140,6 +140,22 @@ class SealTrainer(TrainerAdapter):
         self.controller.save(checkpoints.verl_step_dir(step))
         checkpoints.link_verl_step(step)
         checkpoints.write_latest(step)
+
+    def keep_transcripts(self, records: list[EpisodeRecord], tokens: list[tuple[list[int], list[int]]]) -> None:
+        """`<run>/transcripts/step_<N>.jsonl`: the kept episodes as the model saw them, decoded with its
+        tokenizer (chat template and special tokens included): the prompt's end, the response's start."""
+        tokenizer = self.__dict__.get("_transcript_tokenizer")
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(self.config.actor_rollout_ref.model.path))
+            self.__dict__["_transcript_tokenizer"] = tokenizer
+        entries = [{"task_id": r.task_id, "category": r.category, "reward": r.reward, "accuracy": r.accuracy,
+                    "failure_tags": list(r.failure_tags), "excluded": r.excluded,
+                    "prompt": cut_text(tokenizer.decode(prompt), keep_end=True),
+                    "response": cut_text(tokenizer.decode(response))}
+                   for r, (prompt, response) in zip(records, tokens, strict=True)]
+        write_transcripts(self.run.transcripts_file(self.global_steps), entries)
 
     def checkpoint_loaded(self, step: int, folder: Path) -> None:
         if not (folder / STATE_FILE).is_file():
