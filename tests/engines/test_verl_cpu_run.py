@@ -140,6 +140,12 @@ def test_verl_trainer_runs_the_seal_step_on_cpu_and_resumes(tmp_path):
         assert m["training/rollout_probs_diff_max"] < 0.05, m["training/rollout_probs_diff_max"]
         assert m["training/off_policy/trajectory_staleness/max"] == 0
 
+    # Each step's transcript sample (one task per step here), decoded with SmolLM2's own template.
+    for step in (1, 2):
+        [kept] = [json.loads(x) for x in (run / "transcripts" / f"step_{step}.jsonl").read_text().splitlines()]
+        assert kept["task_id"] in ("multi_turn_miss_func_3", "multi_turn_miss_func_146")
+        assert "<|im_start|>assistant" in kept["prompt"] and kept["response"]
+
     # The checkpoint: verl's FSDP shards and huggingface export, the SEAL state, our pointers.
     ck = run / "checkpoints"
     step2 = ck / "global_step_2"
