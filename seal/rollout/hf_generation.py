@@ -36,29 +36,14 @@ from typing import Any
 
 import torch
 
+from seal.rollout.calls import call_seed, settle, stop_token_ids
 from seal.rollout.types import Generation, SamplingParams
-
-
-def call_seed(seed: int, prompt_len: int) -> int:
-    """Seed of one model call: the episode's seed and the call's prompt length (grows every call)."""
-    return (int(seed) * 1_000_003 + int(prompt_len)) % (2**63 - 1)
 
 
 def autocast_context(device: torch.device, dtype: torch.dtype | None):
     if dtype is None or device.type != "cuda":
         return torch.autocast(device_type="cpu", enabled=False)
     return torch.autocast(device_type="cuda", dtype=dtype)
-
-
-def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
-    """The tokenizer's eos plus the model's generation eos ids (Qwen2.5: `<|im_end|>` and `<|endoftext|>`)."""
-    stops = {int(tokenizer.eos_token_id)}
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if isinstance(gen_eos, int):
-        stops.add(gen_eos)
-    elif isinstance(gen_eos, (list, tuple)):
-        stops.update(int(x) for x in gen_eos)
-    return sorted(stops)
 
 
 # --------------------------------------------------------------------------- one batch, token in / token out
@@ -211,17 +196,6 @@ class _Call:
     params: SamplingParams
     future: concurrent.futures.Future
     arrived: float
-
-
-def settle(future: concurrent.futures.Future, result: Any = None, exc: BaseException | None = None) -> None:
-    """Resolve a call's future unless its episode was cancelled meanwhile."""
-    try:
-        if exc is not None:
-            future.set_exception(exc)
-        else:
-            future.set_result(result)
-    except concurrent.futures.InvalidStateError:
-        pass
 
 
 class HFGenerator:

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from seal.rollout.hf_generation import call_seed, settle, stop_token_ids
+from seal.rollout.calls import call_seed, settle, stop_token_ids
 from seal.rollout.types import Generation, SamplingParams
 
 log = logging.getLogger(__name__)

@@ -59,6 +59,7 @@ class SealTrainer(TrainerAdapter):
         self.controller = SealController(self.recipe.seal)
         self.best: dict[str, Any] | None = None
         self.last_validation: dict[str, float] = {}
+        self.transcript_tokenizer: Any = None  # loaded on the first step's transcripts (`keep_transcripts`)
 
     # ================================================================== the SEAL step
     def step(self, metrics: dict, timing_raw: dict) -> Any:
@@ -144,12 +145,11 @@ class SealTrainer(TrainerAdapter):
     def keep_transcripts(self, records: list[EpisodeRecord], tokens: list[tuple[list[int], list[int]]]) -> None:
         """`<run>/transcripts/step_<N>.jsonl`: the kept episodes as the model saw them, decoded with its
         tokenizer (chat template and special tokens included): the prompt's end, the response's start."""
-        tokenizer = self.__dict__.get("_transcript_tokenizer")
-        if tokenizer is None:
+        if self.transcript_tokenizer is None:
             from transformers import AutoTokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(str(self.config.actor_rollout_ref.model.path))
-            self.__dict__["_transcript_tokenizer"] = tokenizer
+            self.transcript_tokenizer = AutoTokenizer.from_pretrained(str(self.config.actor_rollout_ref.model.path))
+        tokenizer = self.transcript_tokenizer
         entries = [{"task_id": r.task_id, "category": r.category, "reward": r.reward, "accuracy": r.accuracy,
                     "failure_tags": list(r.failure_tags), "excluded": r.excluded,
                     "prompt": cut_text(tokenizer.decode(prompt), keep_end=True),
