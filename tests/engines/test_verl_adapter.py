@@ -186,3 +186,41 @@ def test_importing_the_adapter_fails_clearly_on_another_verl(monkeypatch, caplog
         module = import_copy()
     assert hasattr(module, "TrainerAdapter")
     assert any("0.8.0" in r.getMessage() for r in caplog.records)
+
+
+def _hold_segment(name: str, seconds: float) -> None:  # a spawned process: maps a segment, then dies holding it
+    import os
+    import time
+    from multiprocessing import resource_tracker, shared_memory
+
+    seg = shared_memory.SharedMemory(name=name, create=True, size=4096)
+    resource_tracker.unregister(seg._name, "shared_memory")  # noqa: SLF001 - like a SIGKILLed owner: no unlink
+    time.sleep(seconds)
+    os._exit(0)
+
+
+def test_orphaned_segments_are_removed_once_their_last_process_is_gone():
+    """The run's processes outlive Ray's shutdown by a few seconds: a segment still mapped then is removed when
+    its holder has gone; one this process keeps mapped past the wait is left alone."""
+    pytest.importorskip("verl")
+    import multiprocessing as mp
+    import uuid
+    from multiprocessing import shared_memory
+
+    from seal.engines.verl.adapter import remove_orphaned_shm, shm_segments
+
+    before = shm_segments()
+    late, kept = f"seal-test-{uuid.uuid4().hex[:8]}", f"seal-test-{uuid.uuid4().hex[:8]}"
+    holder = mp.get_context("spawn").Process(target=_hold_segment, args=(late, 3.0))
+    holder.start()
+    mine = shared_memory.SharedMemory(name=kept, create=True, size=4096)
+    try:
+        while late not in shm_segments():
+            assert holder.is_alive()
+        removed = remove_orphaned_shm(before, settle_s=10)
+        assert late in removed and late not in shm_segments()  # removed once its holder exited, within the wait
+        assert kept not in removed and kept in shm_segments()  # still mapped here past the wait: never touched
+        holder.join(10)
+    finally:
+        mine.close()
+        mine.unlink()

@@ -80,6 +80,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from abc import abstractmethod
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -788,22 +789,30 @@ def _mapped_shm_names() -> set[str]:
     return names
 
 
-def remove_orphaned_shm(before: set[str]) -> list[str]:
+SHM_SETTLE_S = 30.0  # how long the cleanup waits for the run's last processes to let go of their segments
+
+
+def remove_orphaned_shm(before: set[str], settle_s: float = SHM_SETTLE_S) -> list[str]:
     """Unlink the /dev/shm segments that appeared since `before` and that no live process maps or holds open;
     returns their names. Called by the engine after a CPU run's Ray shutdown: vLLM's shared-memory message
     queues and verl's weight buckets (~400 MB per run) are unlinked by their owners on a clean exit only, and
-    Ray ends its workers with SIGKILL. A segment still in use (another program's) is never touched."""
-    candidates = shm_segments() - set(before)
-    if not candidates:
-        return []
-    in_use = _mapped_shm_names()
-    removed = []
-    for name in sorted(candidates - in_use):
-        try:
-            (SHM_DIR / name).unlink()
-            removed.append(name)
-        except OSError:
-            continue
+    Ray ends its workers with SIGKILL. Processes outlive `ray.shutdown()` by a few seconds (vLLM's engine
+    process notices its parent's death on its own), so segments still mapped are looked at again, once a
+    second, for up to `settle_s`. A segment in use past that (another program's) is never touched."""
+    deadline = time.monotonic() + settle_s
+    removed: list[str] = []
+    while True:
+        candidates = shm_segments() - set(before)
+        in_use = _mapped_shm_names() & candidates
+        for name in sorted(candidates - in_use):
+            try:
+                (SHM_DIR / name).unlink()
+                removed.append(name)
+            except OSError:
+                continue
+        if not in_use or time.monotonic() >= deadline:
+            break
+        time.sleep(1.0)
     if removed:
         log.info("removed %d shared-memory segments left by the run's killed processes: %s", len(removed), removed)
     return removed
