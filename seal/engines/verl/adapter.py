@@ -61,7 +61,7 @@ from_ipc`                  -> the receive runs inside vLLM's layerwise reload; t
 `_init_socket`             wait (`WEIGHT_SYNC_ACK_TIMEOUT_S`) raising `WeightSyncError`: verl fails, never hangs
 /dev/shm after the run     vLLM's shared-memory queues and verl's weight buckets are unlinked on a clean exit
 (`remove_orphaned_shm`)    only; Ray SIGKILLs its workers  -> the engine unlinks what appeared during the run
-                           and no live process maps or holds open
+                           and no live process maps or holds open, waiting up to 30 s for stragglers
 config (`config.           vLLM refuses sleep mode on CPU  -> `enable_sleep_mode` and `free_cache_engine` off;
 cpu_overrides`)            no CUDA graphs  -> `enforce_eager`; verl's 2 GB weight bucket is one /dev/shm
                            segment on CPU  -> 256 MB; `gpu_memory_utilization` is a share of host RAM on
