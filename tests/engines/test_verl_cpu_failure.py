@@ -45,7 +45,8 @@ def _pids_with(marker: str, name: str = "") -> list[int]:
 
 @pytest.mark.slow
 def test_a_killed_vllm_server_fails_the_run_loudly(tmp_path):
-    from seal.engines.verl.adapter import WEIGHT_SYNC_TIMEOUT_ENV, _mapped_shm_names
+    from seal.engines.verl.adapter import WEIGHT_SYNC_TIMEOUT_ENV
+    from seal.engines.verl.cleanup import mapped_shm_names
 
     marker = str(tmp_path / "bfcl_root")
     env = dict(os.environ, PYTHONPATH=str(REPO), BFCL_PROJECT_ROOT=marker, **{WEIGHT_SYNC_TIMEOUT_ENV: "60"})
@@ -79,4 +80,4 @@ def test_a_killed_vllm_server_fails_the_run_loudly(tmp_path):
         text[-4000:]
     time.sleep(5)  # Ray's shutdown reaps its workers asynchronously
     assert not _pids_with(marker), [Path(f"/proc/{p}/cmdline").read_text()[:120] for p in _pids_with(marker)]
-    assert not (set(os.listdir("/dev/shm")) - shm_before) - _mapped_shm_names()
+    assert not (set(os.listdir("/dev/shm")) - shm_before) - mapped_shm_names()

@@ -85,9 +85,9 @@ def _processes_with(marker: str) -> list[str]:
 
 def _ours(new_segments: set[str]) -> set[str]:
     """New /dev/shm segments nobody maps any more (another program's live ones are not this run's)."""
-    from seal.engines.verl.adapter import _mapped_shm_names
+    from seal.engines.verl.cleanup import mapped_shm_names
 
-    return new_segments - _mapped_shm_names()
+    return new_segments - mapped_shm_names()
 
 
 def _by_step(metrics_file: Path) -> dict[int, dict]:

@@ -59,9 +59,9 @@ from_ipc`                  -> the receive runs inside vLLM's layerwise reload; t
                            the reused shared-memory bucket
 `BucketedWeightSender.`    the sending side waits for each bucket's acknowledgement forever  -> a bounded
 `_init_socket`             wait (`WEIGHT_SYNC_ACK_TIMEOUT_S`) raising `WeightSyncError`: verl fails, never hangs
-/dev/shm after the run     vLLM's shared-memory queues and verl's weight buckets are unlinked on a clean exit
-(`remove_orphaned_shm`)    only; Ray SIGKILLs its workers  -> the engine unlinks what appeared during the run
-                           and no live process maps or holds open, waiting up to 30 s for stragglers
+the run's end (`cleanup`)  Ray's shutdown returns before its workers exit and SIGKILLs them, so their
+                           /dev/shm segments stay  -> the engine waits for the run's marked processes, kills
+                           stragglers, then unlinks the new segments no live process maps (seal.engines.verl.cleanup)
 config (`config.           vLLM refuses sleep mode on CPU  -> `enable_sleep_mode` and `free_cache_engine` off;
 cpu_overrides`)            no CUDA graphs  -> `enforce_eager`; verl's 2 GB weight bucket is one /dev/shm
                            segment on CPU  -> 256 MB; `gpu_memory_utilization` is a share of host RAM on
@@ -756,63 +756,3 @@ def patch_vllm_weight_sync() -> None:
         self.socket.recv()
 
     sender._init_buffer = init_buffer
-
-
-SHM_DIR = Path("/dev/shm")
-
-
-def shm_segments() -> set[str]:
-    """Names in /dev/shm now (empty where there is none)."""
-    try:
-        return set(os.listdir(SHM_DIR))
-    except OSError:
-        return set()
-
-
-def _mapped_shm_names() -> set[str]:
-    """/dev/shm names some live process maps or holds open (from /proc/<pid>/maps and /proc/<pid>/fd)."""
-    names: set[str] = set()
-    prefix = str(SHM_DIR) + "/"
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as fh:
-                for line in fh:
-                    at = line.find(prefix)
-                    if at >= 0:
-                        names.add(line[at + len(prefix):].split()[0])
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if target.startswith(prefix):
-                    names.add(target[len(prefix):].split()[0])
-        except OSError:  # the process ended, or is not ours to read
-            continue
-    return names
-
-
-SHM_SETTLE_S = 30.0  # how long the cleanup waits for the run's last processes to let go of their segments
-
-
-def remove_orphaned_shm(before: set[str], settle_s: float = SHM_SETTLE_S) -> list[str]:
-    """Unlink the /dev/shm segments that appeared since `before` and that no live process maps or holds open;
-    returns their names. Called by the engine after a CPU run's Ray shutdown: vLLM's shared-memory message
-    queues and verl's weight buckets (~400 MB per run) are unlinked by their owners on a clean exit only, and
-    Ray ends its workers with SIGKILL. Processes outlive `ray.shutdown()` by a few seconds (vLLM's engine
-    process notices its parent's death on its own), so segments still mapped are looked at again, once a
-    second, for up to `settle_s`. A segment in use past that (another program's) is never touched."""
-    deadline = time.monotonic() + settle_s
-    removed: list[str] = []
-    while True:
-        candidates = shm_segments() - set(before)
-        in_use = _mapped_shm_names() & candidates
-        for name in sorted(candidates - in_use):
-            try:
-                (SHM_DIR / name).unlink()
-                removed.append(name)
-            except OSError:
-                continue
-        if not in_use or time.monotonic() >= deadline:
-            break
-        time.sleep(1.0)
-    if removed:
-        log.info("removed %d shared-memory segments left by the run's killed processes: %s", len(removed), removed)
-    return removed

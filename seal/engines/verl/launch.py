@@ -205,14 +205,17 @@ def train(cfg: C.Recipe, run_dir: str | os.PathLike[str], overrides: Sequence[st
     run = RunDir(run_dir)
     run.root.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(verl_cfg, run.verl_config_file)
-    from seal.engines.verl.adapter import remove_orphaned_shm, shm_segments
+    from seal.engines.verl.cleanup import mark_run, reap_run_processes, remove_orphaned_shm, shm_segments
 
+    own_cluster = OmegaConf.select(verl_cfg, "ray_kwargs.ray_init.address") == "local"
+    marker = mark_run()  # before Ray starts: every process of the run inherits it
     shm_before = shm_segments()
     try:
         run_ppo(verl_cfg, task_runner_class=TaskRunnerV1)
     finally:
-        if cfg.trainer.device == "cpu":
+        if own_cluster:  # a cluster of this run's own (one node): nothing of it may outlive the launcher
             import ray
 
-            ray.shutdown()  # the CPU path is run from tests and laptops: leave no Ray processes behind
+            ray.shutdown()
+            reap_run_processes(marker)  # ray.shutdown() returns before its workers have exited
             remove_orphaned_shm(shm_before)  # what the processes Ray killed could not unlink

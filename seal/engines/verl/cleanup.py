@@ -1,0 +1,123 @@
+"""A run's end on one node: every process the run started is gone, and so is every /dev/shm segment it left.
+
+Why this exists: `ray.shutdown()` returns before Ray's workers have exited (it signals them and leaves), and
+vLLM's engine process notices its parent's death on its own, seconds later. A launcher that returned then
+would leave processes of the run alive behind it (a test that looked at once saw a `ray::TaskRunnerV1`).
+And Ray ends its workers with SIGKILL, so vLLM's shared-memory queues and verl's weight buckets, unlinked by
+their owners on a clean exit only, stay in /dev/shm.
+
+So the run carries a marker: `mark_run()` puts a unique value in this process's environment before Ray
+starts, and every process Ray starts (its services, workers, the vLLM servers and their engine processes)
+inherits it. At the end, `reap_run_processes()` waits a bounded time for those processes to exit, then kills
+what is left and logs it; `remove_orphaned_shm()` unlinks the new segments that nobody maps any more.
+Everything is read through psutil.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+RUN_MARKER_ENV = "SEAL_RUN_MARKER"
+REAP_WAIT_S = 60.0  # how long the run's processes get to exit on their own after Ray's shutdown
+SHM_DIR = Path("/dev/shm")
+SHM_SETTLE_S = 30.0  # how long the cleanup waits for the run's last processes to let go of their segments
+
+
+def mark_run() -> str:
+    """Give this process (and so every process it starts from now on) a marker unique to this run."""
+    marker = f"{os.getpid()}-{uuid.uuid4().hex}"
+    os.environ[RUN_MARKER_ENV] = marker
+    return marker
+
+
+def run_processes(marker: str) -> list[psutil.Process]:
+    """Live processes whose environment carries `marker` (this process excepted: its /proc environ is the one
+    it started with, but it is excluded anyway). Processes we may not read are not ours."""
+    found = []
+    for proc in psutil.process_iter():
+        if proc.pid == os.getpid():
+            continue
+        try:
+            if proc.environ().get(RUN_MARKER_ENV) == marker and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def reap_run_processes(marker: str, wait_s: float = REAP_WAIT_S) -> list[str]:
+    """Wait up to `wait_s` for the run's processes to exit, then SIGKILL those left and wait for them to go.
+    Returns the command lines of the processes that had to be killed (logged as a warning)."""
+    deadline = time.monotonic() + wait_s
+    left = run_processes(marker)
+    while left and time.monotonic() < deadline:
+        psutil.wait_procs(left, timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+        left = run_processes(marker)
+    killed = []
+    for proc in left:
+        try:
+            killed.append(" ".join(proc.cmdline())[:200] or proc.name())
+            proc.kill()
+        except (psutil.Error, OSError):
+            continue
+    if left:
+        psutil.wait_procs(left, timeout=10)
+        log.warning("killed %d process(es) of the run still alive %.0f s after Ray's shutdown: %s",
+                    len(killed), wait_s, killed)
+    stubborn = run_processes(marker)
+    if stubborn:  # SIGKILL did not end them within 10 s (uninterruptible I/O): say so, never pretend
+        log.error("processes of the run survived SIGKILL: %s", [p.pid for p in stubborn])
+    return killed
+
+
+def shm_segments() -> set[str]:
+    """Names in /dev/shm now (empty where there is none)."""
+    try:
+        return set(os.listdir(SHM_DIR))
+    except OSError:
+        return set()
+
+
+def mapped_shm_names() -> set[str]:
+    """/dev/shm names some live process maps or holds open."""
+    names: set[str] = set()
+    prefix = str(SHM_DIR) + "/"
+    for proc in psutil.process_iter():
+        try:
+            paths = [m.path for m in proc.memory_maps(grouped=True)] + [f.path for f in proc.open_files()]
+        except (psutil.Error, OSError):  # the process ended, or is not ours to read
+            continue
+        names.update(p[len(prefix):].split()[0] for p in paths if p.startswith(prefix))
+    return names
+
+
+def remove_orphaned_shm(before: set[str], settle_s: float = SHM_SETTLE_S) -> list[str]:
+    """Unlink the /dev/shm segments that appeared since `before` and that no live process maps or holds open;
+    returns their names. Segments still mapped are looked at again, once a second, for up to `settle_s` (the
+    run's last processes may still be exiting). A segment in use past that (another program's) is never
+    touched."""
+    deadline = time.monotonic() + settle_s
+    removed: list[str] = []
+    while True:
+        candidates = shm_segments() - set(before)
+        in_use = mapped_shm_names() & candidates
+        for name in sorted(candidates - in_use):
+            try:
+                (SHM_DIR / name).unlink()
+                removed.append(name)
+            except OSError:
+                continue
+        if not in_use or time.monotonic() >= deadline:
+            break
+        time.sleep(1.0)
+    if removed:
+        log.info("removed %d shared-memory segments left by the run's killed processes: %s", len(removed), removed)
+    return removed

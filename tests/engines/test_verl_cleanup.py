@@ -1,0 +1,83 @@
+"""The end of a verl run on one node (seal.engines.verl.cleanup): the run's processes are waited for, then killed,
+and the /dev/shm segments nobody maps any more are unlinked. Real processes and real segments."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+
+from seal.engines.verl.cleanup import RUN_MARKER_ENV, reap_run_processes, run_processes
+
+
+def _marked(marker: str, code: str) -> subprocess.Popen:
+    env = dict(os.environ, **{RUN_MARKER_ENV: marker})
+    return subprocess.Popen([sys.executable, "-c", code], env=env)
+
+
+def test_the_run_is_reaped_stragglers_killed_and_the_rest_left_alone():
+    """A marked process that exits within the wait is waited for (not killed); one that ignores SIGTERM and
+    outlives the wait is killed; a process of another run, or none, is never touched."""
+    quick = _marked("run-a", "import time; time.sleep(1)")
+    stubborn = _marked("run-a", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)")
+    other = _marked("run-b", "import time; time.sleep(600)")
+    try:
+        deadline = time.monotonic() + 30
+        while len(run_processes("run-a")) < 2:  # until both have exec'd with the marker in their environ
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        killed = reap_run_processes("run-a", wait_s=4)
+        # Only the stubborn one was killed: the quick one exited on its own within the wait. (psutil reaps our
+        # own children while waiting, so their exit codes are not Popen's to read.)
+        assert len(killed) == 1 and "SIG_IGN" in killed[0], killed
+        assert not psutil.pid_exists(quick.pid) and not psutil.pid_exists(stubborn.pid)
+        assert run_processes("run-a") == []
+        assert other.poll() is None and psutil.Process(other.pid).is_running()
+    finally:
+        for proc in (quick, stubborn, other):
+            proc.kill()
+            proc.wait(10)
+
+
+def test_reaping_a_run_with_no_process_left_kills_nothing():
+    assert reap_run_processes("no-such-run", wait_s=1) == []
+
+
+def _hold_segment(name: str, seconds: float) -> None:  # a spawned process: maps a segment, then dies holding it
+    import os
+    import time
+    from multiprocessing import resource_tracker, shared_memory
+
+    seg = shared_memory.SharedMemory(name=name, create=True, size=4096)
+    resource_tracker.unregister(seg._name, "shared_memory")  # noqa: SLF001 - like a SIGKILLed owner: no unlink
+    time.sleep(seconds)
+    os._exit(0)
+
+
+def test_orphaned_segments_are_removed_once_their_last_process_is_gone():
+    """The run's processes outlive Ray's shutdown by a few seconds: a segment still mapped then is removed when
+    its holder has gone; one this process keeps mapped past the wait is left alone."""
+    import multiprocessing as mp
+    import uuid
+    from multiprocessing import shared_memory
+
+    from seal.engines.verl.cleanup import remove_orphaned_shm, shm_segments
+
+    before = shm_segments()
+    late, kept = f"seal-test-{uuid.uuid4().hex[:8]}", f"seal-test-{uuid.uuid4().hex[:8]}"
+    holder = mp.get_context("spawn").Process(target=_hold_segment, args=(late, 3.0))
+    holder.start()
+    mine = shared_memory.SharedMemory(name=kept, create=True, size=4096)
+    try:
+        while late not in shm_segments():
+            assert holder.is_alive()
+        removed = remove_orphaned_shm(before, settle_s=10)
+        assert late in removed and late not in shm_segments()  # removed once its holder exited, within the wait
+        assert kept not in removed and kept in shm_segments()  # still mapped here past the wait: never touched
+        holder.join(10)
+    finally:
+        mine.close()
+        mine.unlink()
