@@ -14,3 +14,38 @@ def service_url():
     """A real env service (release defaults) on a free loopback port, shared by the session's tests."""
     with running_service() as (url, _proc):
         yield url
+
+
+# In CI (.ci/run sets SEAL_CI_STRICT_SKIPS=1) a skipped test fails the run: a test that skips because verl, vLLM,
+# Ray or the τ² venv is missing has not run, and a green CI must mean the tests ran. The skips that are meant to
+# happen on CI's CPU machine are listed here by test id, each with its reason.
+INTENDED_SKIPS: dict[str, str] = {}
+STRICT_SKIPS_ENV = "SEAL_CI_STRICT_SKIPS"
+
+
+def _unintended_skip(report) -> bool:
+    return (os.environ.get(STRICT_SKIPS_ENV) == "1" and report.skipped
+            and report.nodeid.split("[")[0] not in INTENDED_SKIPS)
+
+
+def _fail_skip(report) -> None:
+    reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    report.outcome = "failed"
+    report.longrepr = (f"skipped in CI ({STRICT_SKIPS_ENV}=1), which counts as a failure: {reason}. Install what "
+                       "it needs, or list the test in tests/conftest.py INTENDED_SKIPS with its reason")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if _unintended_skip(report):
+        _fail_skip(report)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    report = outcome.get_result()
+    if _unintended_skip(report):  # a module-level importorskip
+        _fail_skip(report)

@@ -672,7 +672,6 @@ def patch_vllm_weight_sync() -> None:
        of hanging; its /dev/shm bucket belongs to the sender from creation on, so its `finally` unlinks it
        (verl's `_init_buffer` leaked it when the handshake failed).
     """
-    import time
 
     import zmq
     from verl.workers.rollout.vllm_rollout import bucketed_weight_transfer as transfer
