@@ -37,8 +37,9 @@ RESUME_TIMEOUT_S = 1200
 
 
 def _launch(run_root: Path, port: int, *extra: str, timeout: float) -> str:
-    env = dict(os.environ, PYTHONPATH=str(REPO), BFCL_PROJECT_ROOT=str(run_root / "bfcl_root"),
-               SEAL_MODEL_CACHE=str(run_root))  # model.build_tiny builds only inside the model cache
+    # SmolLM2 comes from the project's model cache, built once for every test that reads it (a build takes a
+    # minute or two); a build is atomic, so tests that race for it both end with one complete copy.
+    env = dict(os.environ, PYTHONPATH=str(REPO), BFCL_PROJECT_ROOT=str(run_root / "bfcl_root"))
     cmd = [sys.executable, "launcher.py", "--conf", "exp/tiny_verl_cpu.yaml", f"run_root={run_root}",
            f"env.urls=[http://127.0.0.1:{port}]", *extra]
     shm_before = set(os.listdir("/dev/shm"))

@@ -439,10 +439,14 @@ def test_verl_processes_do_not_warn_about_engines_we_never_use():
     from seal.engines.verl.launch import plugin_env_vars
 
     code = "import warnings; warnings.simplefilter('default'); import verl.workers.engine"
-    loud = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONWARNINGS": ""})
-    quiet = subprocess.run([sys.executable, "-c", "import verl.workers.engine"], capture_output=True, text=True,
-                           timeout=300, env={**os.environ, **plugin_env_vars("cpu")})
+    # Both imports at once (each is seconds of single-threaded import work).
+    procs = [subprocess.Popen([sys.executable, "-c", c], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=e)
+             for c, e in ((code, {**os.environ, "PYTHONWARNINGS": ""}),
+                          ("import verl.workers.engine", {**os.environ, **plugin_env_vars("cpu")}))]
+    outputs = [p.communicate(timeout=300) for p in procs]
+    loud, quiet = (subprocess.CompletedProcess(p.args, p.returncode, *out)
+                   for p, out in zip(procs, outputs, strict=True))
     assert quiet.returncode == 0, quiet.stderr
     assert "engine is not available" not in quiet.stderr
     if "engine is not available" not in loud.stderr:

@@ -66,15 +66,17 @@ def _played(out: Path) -> dict:
     return record
 
 
-@pytest.mark.parametrize("rules", ["release", "official"])
-def test_vllm_policy_on_cpu_with_default_settings(smollm2, service_url, tmp_path, rules, no_leftovers, capsys):
+def test_vllm_policy_on_cpu_with_default_settings(smollm2, service_url, tmp_path, no_leftovers, capsys):
+    """Under the release rules (the default); the official rules run through `--run` below, so each rules profile
+    and each entry point is covered once, at one vLLM engine start each."""
     out = tmp_path / "eval"
-    code = ev.main(["--policy", f"vllm:{smollm2}", "--tasks", TASK, "--rules", rules, "--env-url", service_url,
+    code = ev.main(["--policy", f"vllm:{smollm2}", "--tasks", TASK, "--rules", "release", "--env-url", service_url,
                     "--out", str(out), "--max-tokens-per-call", MAX_TOKENS, "--no-progress"])
     printed = capsys.readouterr().out
     assert code == 0, printed
     _played(out)
     summary = json.loads((out / "summary.json").read_text())
+    assert summary["rules"] == "release"
     assert any("vllm: greedy vLLM generation (CPU, eager" in n and "context window 8192" in n
                for n in summary["notes"])
 
@@ -88,11 +90,12 @@ def test_run_backend_vllm_evaluates_the_checkpoints(smollm2, service_url, tmp_pa
     # as a run writes it: the best checkpoint on validation (the same step here, so its results are copied)
     (run / "checkpoints" / "best.json").write_text(json.dumps(
         {"step": 1, "path": "checkpoints/step_1", "metric": BEST_METRIC, "value": 0.0}))
-    code = ev.main(["--run", str(run), "--backend", "vllm", "--tasks", TASK, "--env-url", service_url,
-                    "--max-tokens-per-call", MAX_TOKENS, "--no-progress"])
+    code = ev.main(["--run", str(run), "--backend", "vllm", "--tasks", TASK, "--rules", "official",
+                    "--env-url", service_url, "--max-tokens-per-call", MAX_TOKENS, "--no-progress"])
     assert code == 0
     for name in ("last", "best"):
         _played(run / "eval" / name)
+        assert json.loads((run / "eval" / name / "summary.json").read_text())["rules"] == "official"
     best = json.loads((run / "eval" / "best" / "summary.json").read_text())
     assert any("same checkpoint as last" in n for n in best["notes"])
 
@@ -136,13 +139,15 @@ def test_openai_policy_against_vllm_serve_with_and_without_a_tool_parser(smollm2
                                                                          no_leftovers):
     """The text-level client sends no `tools`, so a server's tool parser never runs: both servers give the same
     transcript, the model's text as BFCL's prompting-mode handler decodes it (docs/evaluation.md)."""
+    # Both servers start at once: a start is mostly single-threaded (imports, model load), so two overlap.
+    ports = {parser: free_port() for parser in (None, "hermes")}
+    procs = {parser: _serve(smollm2, port, *(["--enable-auto-tool-choice", "--tool-call-parser", parser]
+                                             if parser else []))
+             for parser, port in ports.items()}
     transcripts = {}
-    for parser in (None, "hermes"):
-        port = free_port()
-        extra = ["--enable-auto-tool-choice", "--tool-call-parser", parser] if parser else []
-        proc = _serve(smollm2, port, *extra)
-        url = f"http://127.0.0.1:{port}/v1"
-        try:
+    try:
+        for parser, proc in procs.items():
+            url = f"http://127.0.0.1:{ports[parser]}/v1"
             _wait_ready(proc, url)
             out = tmp_path / f"eval_{parser}"
             code = ev.main(["--policy", f"openai:{url}#smollm2", "--tasks", TASK, "--rules", "official",
@@ -151,6 +156,8 @@ def test_openai_policy_against_vllm_serve_with_and_without_a_tool_parser(smollm2
             assert code == 0
             record = _played(out)
             transcripts[parser] = [m["content"] for m in record["messages"] if m["role"] == "assistant"]
-        finally:
+            _stop(proc)
+    finally:
+        for proc in procs.values():
             _stop(proc)
     assert transcripts[None] == transcripts["hermes"]
