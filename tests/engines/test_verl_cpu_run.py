@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from env_service.process import free_port
+from seal.engines.verl.cleanup import mapped_shm_names, reap_run_processes, run_processes
 
 pytest.importorskip("verl")
 pytest.importorskip("vllm")
@@ -49,7 +49,7 @@ def _launch(run_root: Path, port: int, *extra: str, timeout: float) -> str:
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            _kill_all(env["BFCL_PROJECT_ROOT"])
+            reap_run_processes(env["BFCL_PROJECT_ROOT"], wait_s=0, env_key="BFCL_PROJECT_ROOT")
             proc.wait(60)
             pytest.fail(f"the run did not finish within {timeout} s (killed):\n"
                         + log_path.read_text(errors="replace")[-4000:])
@@ -57,37 +57,15 @@ def _launch(run_root: Path, port: int, *extra: str, timeout: float) -> str:
     assert proc.returncode == 0, log[-6000:]
     # vLLM's shared-memory queues and verl's weight buckets: unlinked by their owners or by the engine.
     assert not _ours(set(os.listdir("/dev/shm")) - shm_before)
-    # No process of the run is left (Ray, vLLM, the env service): each inherited this run's environment.
-    assert not _processes_with(env["BFCL_PROJECT_ROOT"]), _processes_with(env["BFCL_PROJECT_ROOT"])
+    # No process of the run is left (Ray, vLLM, the env service): each inherited this run's environment. The
+    # launcher returns only once they are gone (seal.engines.verl.cleanup), so one look suffices.
+    left = run_processes(env["BFCL_PROJECT_ROOT"], env_key="BFCL_PROJECT_ROOT")
+    assert not left, [" ".join(p.cmdline())[:200] for p in left]
     return log
-
-
-def _kill_all(marker: str) -> None:
-    """SIGKILL every process whose environment contains `marker` (the launcher, Ray, vLLM, the env service)."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if marker.encode() in Path(f"/proc/{pid}/environ").read_bytes():
-                os.kill(int(pid), signal.SIGKILL)
-        except OSError:
-            continue
-
-
-def _processes_with(marker: str) -> list[str]:
-    """Command lines of live processes whose environment contains `marker`."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if marker.encode() in Path(f"/proc/{pid}/environ").read_bytes():
-                found.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200])
-        except OSError:
-            continue
-    return found
 
 
 def _ours(new_segments: set[str]) -> set[str]:
     """New /dev/shm segments nobody maps any more (another program's live ones are not this run's)."""
-    from seal.engines.verl.cleanup import mapped_shm_names
-
     return new_segments - mapped_shm_names()
 
 
@@ -113,11 +91,13 @@ def _update_checked(m: dict) -> None:
 
 # The suite's longest test (see docs/verl_engine.md for its time): two launcher runs, each starting Ray, a vLLM
 # server and nine verl processes; on CPU a step's time goes to the actor's and the reference's passes over the
-# ~3k-token sequences of a 30-layer model.
+# ~3k-token sequences of a 30-layer model. So each launch runs one training step: the first with the validation
+# after it and a checkpoint, the second resumes from that checkpoint for the next step.
 @pytest.mark.slow
 def test_verl_trainer_runs_the_seal_step_on_cpu_and_resumes(tmp_path):
     port = free_port()
-    _launch(tmp_path, port, timeout=FIRST_RUN_TIMEOUT_S)
+    _launch(tmp_path, port, "trainer.total_training_steps=1", "trainer.val_before_train=false",
+            "trainer.test_freq=1", "trainer.save_freq=1", timeout=FIRST_RUN_TIMEOUT_S)
     run = tmp_path / "tiny_verl_cpu"
     steps = _by_step(run / "metrics.jsonl")
 
@@ -125,21 +105,23 @@ def test_verl_trainer_runs_the_seal_step_on_cpu_and_resumes(tmp_path):
     resolved = (run / "verl_config.yaml").read_text()
     assert "name: vllm" in resolved and "smollm2_135m_instruct" in resolved
 
-    # Validation before training and after the last step; two training steps in between.
-    assert "val/accuracy/average" in steps[0] and "val/accuracy/average" in steps[2]
+    # One training step, then the validation (the last step's).
+    assert "val/accuracy/average" in steps[1] and 0 not in steps
     keys = set().union(*steps.values())
     for prefix in SEAL_PREFIXES:
         assert any(k.startswith(prefix) for k in keys), f"no {prefix}* metric in {sorted(keys)}"
-    for step in (1, 2):
-        m = steps[step]
-        assert m["train/num_rollouts"] == 2.0  # 1 task x rollout.n 2
-        assert "actor/pg_loss" in m and "apatch/enabled" in m
-        _update_checked(m)
-        # vLLM's log-probs against the actor's recomputed ones: token-exact sequences and weights synced after
-        # each update (vLLM computes in float32 like the actor).
-        assert m["training/rollout_probs_diff_valid"] == 1
-        assert m["training/rollout_probs_diff_max"] < 0.05, m["training/rollout_probs_diff_max"]
-        assert m["training/off_policy/trajectory_staleness/max"] == 0
+    _step_checked(steps[1])
+    assert json.loads((run / "checkpoints" / "latest.json").read_text())["step"] == 1
+
+    # Same command, one more step: verl resumes from global_step_1 and says so, SEAL state included
+    # (without validation: it was checked above).
+    log = _launch(tmp_path, port, "trainer.total_training_steps=2", "trainer.val_before_train=false",
+                  "trainer.test_freq=0", "trainer.save_freq=1", timeout=RESUME_TIMEOUT_S)
+    assert "Resuming from" in log and "global_step_1" in log, log[-4000:]
+    assert "resumed SEAL state from" in log
+    steps = _by_step(run / "metrics.jsonl")
+    _step_checked(steps[2])
+    assert "val/accuracy/average" not in steps[2]
 
     # Each step's transcript sample (one task per step here), decoded with SmolLM2's own template.
     for step in (1, 2):
@@ -147,7 +129,7 @@ def test_verl_trainer_runs_the_seal_step_on_cpu_and_resumes(tmp_path):
         assert kept["task_id"] in ("multi_turn_miss_func_3", "multi_turn_miss_func_146")
         assert "<|im_start|>assistant" in kept["prompt"] and kept["response"]
 
-    # The checkpoint: verl's FSDP shards and huggingface export, the SEAL state, our pointers.
+    # The checkpoints: verl's FSDP shards and huggingface export, the SEAL state, our pointers.
     ck = run / "checkpoints"
     step2 = ck / "global_step_2"
     assert (step2 / "seal_state.json").is_file()
@@ -160,14 +142,14 @@ def test_verl_trainer_runs_the_seal_step_on_cpu_and_resumes(tmp_path):
     assert (ck / "step_2").resolve() == step2.resolve()
     assert json.loads((ck / "latest.json").read_text())["step"] == 2
 
-    # Same command, one more step: verl resumes from global_step_2 and says so, SEAL state included
-    # (without validation this time: it was checked above and would double the run).
-    log = _launch(tmp_path, port, "trainer.total_training_steps=3", "trainer.val_before_train=false",
-                  "trainer.test_freq=0", timeout=RESUME_TIMEOUT_S)
-    assert "Resuming from" in log and "global_step_2" in log, log[-4000:]
-    assert "resumed SEAL state from" in log
-    steps = _by_step(run / "metrics.jsonl")
-    assert "train/reward_mean" in steps[3]
-    assert steps[3]["training/rollout_probs_diff_max"] < 0.05
-    _update_checked(steps[3])
-    assert json.loads((ck / "latest.json").read_text())["step"] == 3
+
+def _step_checked(m: dict) -> None:
+    """One training step of the run: its rollouts, SEAL's metrics, the update rule, vLLM against the actor."""
+    assert m["train/num_rollouts"] == 2.0  # 1 task x rollout.n 2
+    assert "actor/pg_loss" in m and "apatch/enabled" in m and "train/reward_mean" in m
+    _update_checked(m)
+    # vLLM's log-probs against the actor's recomputed ones: token-exact sequences and weights synced after
+    # each update (vLLM computes in float32 like the actor).
+    assert m["training/rollout_probs_diff_valid"] == 1
+    assert m["training/rollout_probs_diff_max"] < 0.05, m["training/rollout_probs_diff_max"]
+    assert m["training/off_policy/trajectory_staleness/max"] == 0

@@ -38,29 +38,29 @@ def mark_run() -> str:
     return marker
 
 
-def run_processes(marker: str) -> list[psutil.Process]:
-    """Live processes whose environment carries `marker` (this process excepted: its /proc environ is the one
-    it started with, but it is excluded anyway). Processes we may not read are not ours."""
+def run_processes(marker: str, env_key: str = RUN_MARKER_ENV) -> list[psutil.Process]:
+    """Live processes whose environment has `env_key` = `marker` (this process excepted: its /proc environ is
+    the one it started with, but it is excluded anyway). Processes we may not read are not ours."""
     found = []
     for proc in psutil.process_iter():
         if proc.pid == os.getpid():
             continue
         try:
-            if proc.environ().get(RUN_MARKER_ENV) == marker and proc.status() != psutil.STATUS_ZOMBIE:
+            if proc.environ().get(env_key) == marker and proc.status() != psutil.STATUS_ZOMBIE:
                 found.append(proc)
         except (psutil.Error, OSError):
             continue
     return found
 
 
-def reap_run_processes(marker: str, wait_s: float = REAP_WAIT_S) -> list[str]:
+def reap_run_processes(marker: str, wait_s: float = REAP_WAIT_S, env_key: str = RUN_MARKER_ENV) -> list[str]:
     """Wait up to `wait_s` for the run's processes to exit, then SIGKILL those left and wait for them to go.
     Returns the command lines of the processes that had to be killed (logged as a warning)."""
     deadline = time.monotonic() + wait_s
-    left = run_processes(marker)
+    left = run_processes(marker, env_key)
     while left and time.monotonic() < deadline:
         psutil.wait_procs(left, timeout=min(1.0, max(0.0, deadline - time.monotonic())))
-        left = run_processes(marker)
+        left = run_processes(marker, env_key)
     killed = []
     for proc in left:
         try:
@@ -70,9 +70,9 @@ def reap_run_processes(marker: str, wait_s: float = REAP_WAIT_S) -> list[str]:
             continue
     if left:
         psutil.wait_procs(left, timeout=10)
-        log.warning("killed %d process(es) of the run still alive %.0f s after Ray's shutdown: %s",
+        log.warning("killed %d process(es) of the run still alive %.0f s after its end: %s",
                     len(killed), wait_s, killed)
-    stubborn = run_processes(marker)
+    stubborn = run_processes(marker, env_key)
     if stubborn:  # SIGKILL did not end them within 10 s (uninterruptible I/O): say so, never pretend
         log.error("processes of the run survived SIGKILL: %s", [p.pid for p in stubborn])
     return killed
