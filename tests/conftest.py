@@ -49,3 +49,17 @@ def pytest_make_collect_report(collector):
     report = outcome.get_result()
     if _unintended_skip(report):  # a module-level importorskip
         _fail_skip(report)
+
+
+# CI runs each tier on two pytest-xdist workers (`.ci/run`: `-n 2 --dist loadgroup`). A test marked
+# `xdist_group(VERL_LAUNCH)` starts a whole verl run (a Ray cluster with a vLLM server and ~9 processes, sized for
+# the whole machine): those run one after another on one worker, while the other worker takes the rest. Their
+# group goes first, so the longest unit of work starts at once and the rest fills in beside it.
+VERL_LAUNCH = "verl_launch"
+
+
+def pytest_collection_modifyitems(config, items):
+    def launches_verl(item) -> bool:
+        return any(m.args and m.args[0] == VERL_LAUNCH for m in item.iter_markers("xdist_group"))
+
+    items.sort(key=lambda item: not launches_verl(item))  # stable: the order within each part is kept

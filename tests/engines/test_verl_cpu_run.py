@@ -94,6 +94,7 @@ def _update_checked(m: dict) -> None:
 # ~3k-token sequences of a 30-layer model. So each launch runs one training step: the first with the validation
 # after it and a checkpoint, the second resumes from that checkpoint for the next step.
 @pytest.mark.slow
+@pytest.mark.xdist_group("verl_launch")  # one verl run at a time (tests/conftest.py)
 def test_verl_trainer_runs_the_seal_step_on_cpu_and_resumes(tmp_path):
     port = free_port()
     _launch(tmp_path, port, "trainer.total_training_steps=1", "trainer.val_before_train=false",
