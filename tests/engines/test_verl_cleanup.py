@@ -4,13 +4,18 @@ and the /dev/shm segments nobody maps any more are unlinked. Real processes and 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
+import pytest
 
 from seal.engines.verl.cleanup import RUN_MARKER_ENV, reap_run_processes, run_processes
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _marked(marker: str, code: str) -> subprocess.Popen:
@@ -81,3 +86,45 @@ def test_orphaned_segments_are_removed_once_their_last_process_is_gone():
     finally:
         mine.close()
         mine.unlink()
+
+
+SIGTERM_DRIVER = """
+import sys, time
+from pathlib import Path
+from seal.engines.verl.launch import import_verl_entry
+import_verl_entry()
+import ray
+ray.init(address="local", num_cpus=1, include_dashboard=False)
+
+
+@ray.remote
+def step():
+    time.sleep(300)
+
+
+try:
+    ref = step.remote()
+    print("ready", flush=True)
+    ray.get(ref)  # where verl's driver waits for its TaskRunner (without the switch, SIGTERM kills it here)
+finally:
+    ray.shutdown()
+    Path(sys.argv[1]).write_text("cleaned up")
+"""
+
+
+@pytest.mark.slow  # starts a Ray cluster (seconds to a minute on a loaded machine)
+def test_a_sigterm_to_the_driver_unwinds_through_its_cleanup(tmp_path):
+    """Ray's C++ signal handler ends a driver waiting in `ray.get` on SIGTERM without running a `finally` (seen
+    with a plain import: no "cleaned up"); the verl entry is imported so that it does not, and the launcher's
+    cleanup (env service, Ray, /dev/shm) runs."""
+    flag = tmp_path / "flag"
+    driver = subprocess.Popen([sys.executable, "-c", SIGTERM_DRIVER, str(flag)], stdout=subprocess.PIPE, text=True,
+                              env=dict(os.environ, PYTHONPATH=str(REPO)))
+    try:
+        assert driver.stdout.readline().strip() == "ready"
+        time.sleep(2)  # into ray.get
+        driver.send_signal(signal.SIGTERM)
+        driver.wait(120)
+    finally:
+        driver.kill()
+    assert flag.read_text() == "cleaned up"

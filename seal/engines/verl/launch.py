@@ -172,6 +172,33 @@ def _abs(path: Any) -> str:
     return str(p if p.is_absolute() or p.exists() else C.REPO_ROOT / p)
 
 
+RAY_SIGNAL_SWITCH = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"
+
+
+def import_verl_entry() -> tuple[Any, Any]:
+    """verl's `run_ppo` and `TaskRunnerV1`, imported so that a SIGTERM to this process unwinds it.
+
+    Ray's C++ failure-signal handler, installed in the driver by `ray.init`, takes SIGTERM, prints a stack and
+    ends the process without unwinding: the engine's cleanup (Ray's shutdown, the run's processes, /dev/shm) and
+    the launcher's (the env service it started) would never run, and the env service would outlive the run.
+    Ray reads its switch when first imported, so it is set around the import, for this process only (the Ray
+    workers keep their crash reports). Ray's own Python SIGTERM handler then raises SystemExit."""
+    import sys
+
+    if "ray" in sys.modules:
+        log.warning("ray was imported before the verl entry: a SIGTERM may end this run without its cleanup")
+    previous = os.environ.get(RAY_SIGNAL_SWITCH)
+    os.environ[RAY_SIGNAL_SWITCH] = "1"
+    try:
+        from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
+    finally:
+        if previous is None:
+            os.environ.pop(RAY_SIGNAL_SWITCH)
+        else:
+            os.environ[RAY_SIGNAL_SWITCH] = previous
+    return run_ppo, TaskRunnerV1
+
+
 def train(cfg: C.Recipe, run_dir: str | os.PathLike[str], overrides: Sequence[str] = ()) -> None:
     """Train the recipe with verl; metrics.jsonl, checkpoints and verl_config.yaml land in `run_dir`."""
     if cfg.engine != "verl":
@@ -183,7 +210,7 @@ def train(cfg: C.Recipe, run_dir: str | os.PathLike[str], overrides: Sequence[st
     os.environ.update(plugin_env_vars(cfg.trainer.device))  # this process too (the TaskRunner inherits ray_init's env)
     for entry in QUIET_WARNINGS:  # this process read PYTHONWARNINGS at its start: the same filters by hand
         warnings.filterwarnings("ignore", message=re.escape(entry.split(":")[1]), category=UserWarning)
-    from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
+    run_ppo, TaskRunnerV1 = import_verl_entry()
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
     from verl.utils.device import auto_set_device
