@@ -189,6 +189,10 @@ def generate_batch(model: Any, prompts: Sequence[Sequence[int]], params: Sequenc
     bsz, width = len(prompts), max(len(p) for p in prompts)
     # every position the batch can write: the prompts, then one per generated token but the last (never fed back)
     capacity = _round_up(width + max(int(p.max_tokens) for p in params) - 1)
+    # Under autocast every reader of the cache (sdpa, or matmul in eager attention) casts keys and values to the
+    # autocast dtype, so the cache holds them in it: the same attention, at half the memory of the float32 keys
+    # (rotary output) and values (promoted to the keys' dtype by DynamicLayer) a float32 model leaves there.
+    cache_dtype = autocast_dtype if device.type == "cuda" else None
     gens = [_row_generator(p, len(q)) for p, q in zip(params, prompts, strict=True)]
     tokens: list[list[int]] = [[] for _ in range(bsz)]
     logps: list[list[float]] = [[] for _ in range(bsz)]
@@ -209,8 +213,10 @@ def generate_batch(model: Any, prompts: Sequence[Sequence[int]], params: Sequenc
                 if kinds:
                     raise ValueError(f"batched HF generation keeps every position of every layer; this model's "
                                      f"cache has {sorted(kinds)} layers")
-                buffers = [(layer.keys.new_zeros((bsz, layer.keys.shape[1], capacity, layer.keys.shape[3])),
-                            layer.values.new_zeros((bsz, layer.values.shape[1], capacity, layer.values.shape[3])))
+                buffers = [(layer.keys.new_zeros((bsz, layer.keys.shape[1], capacity, layer.keys.shape[3]),
+                                                 dtype=cache_dtype or layer.keys.dtype),
+                            layer.values.new_zeros((bsz, layer.values.shape[1], capacity, layer.values.shape[3]),
+                                                   dtype=cache_dtype or layer.values.dtype))
                            for layer in row.layers]
             for (keys, values), layer in zip(buffers, row.layers, strict=True):
                 keys[i, :, width - len(p):width] = layer.keys[0]
@@ -280,14 +286,14 @@ class MemoryBudget:
       sdpa path does so when a padding mask is passed), n x capacity x `attention_bytes`, and the float32 logits
       with the sampler's buffers over the vocabulary, n x `vocab_bytes`;
     - the prefill of one prompt alone: its own cache and one layer's activations, width x `prefill_bytes`.
-    Element sizes are the weights' (with float32 weights under bf16 autocast the cache holds float32 keys, the
-    rotary embedding's output, and bf16 values), so the figure errs high. What a batch may use is
+    Element sizes are the cache's: the autocast dtype's under autocast (`generate_batch`), else the weights'. The
+    prefill and attention terms are upper estimates. What a batch may use is
     `min(fraction x total - allocated, free + reserved - allocated)`: the share left beside what this process
     holds (weights, optimizer), and never more than the device has free (other processes) plus this process's
     allocator cache.
     """
 
-    def __init__(self, model: Any, fraction: float, device: torch.device,
+    def __init__(self, model: Any, fraction: float, device: torch.device, autocast_dtype: torch.dtype | None = None,
                  query: Callable[[torch.device], CudaMemory] = cuda_memory):
         if not 0 < fraction <= 1:
             raise ValueError(f"MemoryBudget: fraction {fraction} is not in (0, 1]")
@@ -297,7 +303,8 @@ class MemoryBudget:
         head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
         hidden = int(cfg.hidden_size)
         intermediate = int(getattr(cfg, "intermediate_size", None) or 4 * hidden)
-        elem = next(model.parameters()).element_size()
+        elem = (torch.empty((), dtype=autocast_dtype) if autocast_dtype is not None
+                else next(model.parameters())).element_size()
         self.kv_bytes = 2 * int(cfg.num_hidden_layers) * kv_heads * head_dim * elem
         self.attention_bytes = 2 * heads * head_dim * elem
         self.vocab_bytes = 4 * int(cfg.vocab_size) * 4
@@ -314,14 +321,15 @@ class MemoryBudget:
         return min(int(self.fraction * m.total) - m.allocated, m.free + m.reserved - m.allocated)
 
 
-def gpu_memory_budget(model: Any, device: torch.device, fraction: float) -> MemoryBudget | None:
+def gpu_memory_budget(model: Any, device: torch.device, fraction: float,
+                      autocast_dtype: torch.dtype | None = None) -> MemoryBudget | None:
     """On CUDA: caps this process's caching allocator at `fraction` of the card (so nothing the process does
     takes the whole card: when the cap is reached the allocator frees its cache and retries before it fails)
     and returns the budget generation batches are sized by. None on CPU (batches bounded by rows and tokens)."""
     if device.type != "cuda":
         return None
     torch.cuda.set_per_process_memory_fraction(fraction, device)
-    return MemoryBudget(model, fraction, device)
+    return MemoryBudget(model, fraction, device, autocast_dtype)
 
 
 # --------------------------------------------------------------------------- the async GenerateFn

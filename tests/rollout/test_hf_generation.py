@@ -171,6 +171,36 @@ def test_the_batch_cache_is_written_in_place_across_buckets(tiny, monkeypatch):
         assert torch.allclose(torch.tensor(out.logprobs), expected, atol=1e-4)
 
 
+def test_a_cache_in_the_autocast_dtype_gives_the_same_attention(tiny):
+    """Under autocast every reader of the cache casts keys and values to the autocast dtype, so on a GPU
+    `generate_batch` keeps the cache in it (half the memory of the float32 keys and values transformers leaves
+    there). No GPU here: CPU autocast, whose table puts sdpa and matmul in the same lower-precision class as the
+    CUDA table does, stands in. A decode step reading a float32 cache and one reading its bf16 copy give the same
+    logits, bit for bit."""
+    model, _ = tiny
+    prompt = _prompts(1, seed=7)[0]
+    n = len(prompt)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        row = H.DynamicCache(config=model.config)
+        model(input_ids=torch.tensor([prompt]), past_key_values=row, use_cache=True)
+        assert row.layers[0].keys.dtype == row.layers[0].values.dtype == torch.float32
+        capacity = H._round_up(n + 1)
+        mask = torch.zeros((1, capacity), dtype=torch.long)
+        mask[0, :n + 1] = 1
+        logits = {}
+        for dtype in (torch.float32, torch.bfloat16):
+            layers = []
+            for layer in row.layers:
+                keys = torch.zeros((1, layer.keys.shape[1], capacity, layer.keys.shape[3]), dtype=dtype)
+                values = torch.zeros((1, layer.values.shape[1], capacity, layer.values.shape[3]), dtype=dtype)
+                keys[:, :, :n], values[:, :, :n] = layer.keys, layer.values
+                layers.append(H._BatchLayer(keys, values, n))
+            out = model(input_ids=torch.tensor([[prompt[-1]]]), attention_mask=mask, position_ids=torch.tensor([[n]]),
+                        past_key_values=H.Cache(layers=layers), use_cache=True)
+            logits[dtype] = out.logits.float()
+    assert torch.equal(logits[torch.float32], logits[torch.bfloat16])
+
+
 GB = 10**9
 
 
@@ -196,6 +226,8 @@ def test_memory_budget_arithmetic(tiny):
     crowded = MemoryBudget(model, 0.5, CPU, query=_reading(free=5 * GB, total=100 * GB, allocated=10 * GB,
                                                              reserved=12 * GB))
     assert crowded.available() == 7 * GB
+    halved = MemoryBudget(model, 0.5, CPU, torch.bfloat16, query=_reading(0, 0, 0, 0))
+    assert 2 * halved.kv_bytes == budget.kv_bytes  # the cache in the autocast dtype
     with pytest.raises(ValueError, match="fraction"):
         MemoryBudget(model, 1.5, CPU)
 

@@ -543,7 +543,8 @@ def hf_generator(cfg: C.Recipe, model: Any, tokenizer: Any, device: torch.device
     return HFGenerator(model, tokenizer, device, autocast_dtype,
                        max_batch_size=1 if rollout.deterministic_generation else rollout.generation_batch_size,
                        max_batch_tokens=rollout.generation_batch_tokens,
-                       memory_budget=gpu_memory_budget(model, device, rollout.hf_gpu_memory_fraction))
+                       memory_budget=gpu_memory_budget(model, device, rollout.hf_gpu_memory_fraction,
+                                                        autocast_dtype))
 
 
 def enable_gradient_checkpointing(model: Any) -> None:
