@@ -303,8 +303,7 @@ class MemoryBudget:
         head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
         hidden = int(cfg.hidden_size)
         intermediate = int(getattr(cfg, "intermediate_size", None) or 4 * hidden)
-        elem = (torch.empty((), dtype=autocast_dtype) if autocast_dtype is not None
-                else next(model.parameters())).element_size()
+        elem = autocast_dtype.itemsize if autocast_dtype is not None else next(model.parameters()).element_size()
         self.kv_bytes = 2 * int(cfg.num_hidden_layers) * kv_heads * head_dim * elem
         self.attention_bytes = 2 * heads * head_dim * elem
         self.vocab_bytes = 4 * int(cfg.vocab_size) * 4
