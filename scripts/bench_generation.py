@@ -22,6 +22,13 @@ needs the model as a directory: `--model smollm2`. Its row is what `rollout.back
 
 The last lines read `speedup N.N×` (batched HF over one at a time) and, with `--vllm`, `vllm over batched
 HF N.N×`.
+
+Memory, per mode: on CUDA the peak of torch's allocated memory (live tensors) and of its reserved memory (the
+caching allocator's blocks, what nvidia-smi sees less the CUDA context), from `torch.cuda.max_memory_allocated` /
+`max_memory_reserved` reset before each mode; HF generation runs under `--memory-fraction` (the engine's
+`rollout.hf_gpu_memory_fraction`: allocator cap and batch budget). On CPU torch has no such counters: the
+column is the process's peak resident set size (VmHWM of /proc/self/status, reset before each mode through
+/proc/self/clear_refs), model and Python included.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from typing import Any
 import torch
 
 from seal.rollout.codec import EOS_TOKEN_ID, PAD_TOKEN_ID, QWEN25_MODEL_VOCAB_SIZE, build_qwen_tokenizer
-from seal.rollout.hf_generation import HFGenerator
+from seal.rollout.hf_generation import HFGenerator, gpu_memory_budget
 from seal.rollout.types import Generation, SamplingParams
 
 
@@ -59,6 +66,24 @@ def build_model(kind: str, device: torch.device):
     model.generation_config = GenerationConfig(eos_token_id=[EOS_TOKEN_ID, PAD_TOKEN_ID], pad_token_id=PAD_TOKEN_ID)
     dtype = torch.bfloat16 if kind != "tiny" and device.type == "cuda" else torch.float32
     return model.to(device=device, dtype=dtype).eval()
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        with open("/proc/self/clear_refs", "w") as f:  # "5": reset the peak resident set size (Linux)
+            f.write("5")
+
+
+def peak_memory(device: torch.device) -> str:
+    """The mode's peak memory, labelled (module docstring)."""
+    if device.type == "cuda":
+        return (f"allocated {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB, "
+                f"reserved {torch.cuda.max_memory_reserved(device) / 2**30:.2f} GiB")
+    with open("/proc/self/status") as f:
+        kib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    return f"peak RSS {kib / 2**20:.2f} GiB"
 
 
 async def run_episodes(gen: Any, args: argparse.Namespace) -> tuple[float, list[list[Generation]]]:
@@ -95,6 +120,8 @@ def main() -> int:
     parser.add_argument("--vllm", action="store_true", help="also run the episodes through vLLM (--model smollm2)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+    parser.add_argument("--memory-fraction", type=float, default=0.9,
+                        help="CUDA: share of the card the process may hold (rollout.hf_gpu_memory_fraction)")
     args = parser.parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -121,26 +148,31 @@ def main() -> int:
           f"~{args.prompt_tokens} tokens, {args.max_tokens} tokens per call, temperature 1")
 
     rows, outputs = [], {}
+    budget = gpu_memory_budget(model, device, args.memory_fraction)  # None on CPU
     for name, batch in (("one at a time", 1), ("batched", args.episodes)):
-        gen = HFGenerator(model, tokenizer, device, max_batch_size=batch)
+        gen = HFGenerator(model, tokenizer, device, max_batch_size=batch, memory_budget=budget)
         asyncio.run(run_episodes(gen, argparse.Namespace(**{**vars(args), "episodes": 1, "calls": 1})))  # warm-up
         gen.batch_sizes.clear()
+        reset_peak_memory(device)
         wall, outs = asyncio.run(run_episodes(gen, args))
         tokens = sum(len(o.token_ids) for ep in outs for o in ep)
-        rows.append((name, len(gen.batch_sizes), statistics.mean(gen.batch_sizes), tokens, wall, tokens / wall))
+        rows.append((name, len(gen.batch_sizes), statistics.mean(gen.batch_sizes), tokens, wall, tokens / wall,
+                     peak_memory(device)))
         outputs[name] = outs
 
     pairs = [(a, b) for ea, eb in zip(outputs["one at a time"], outputs["batched"], strict=True)
              for a, b in zip(ea, eb, strict=True)]
     same = sum(a.token_ids == b.token_ids for a, b in pairs)
     if args.vllm:
+        reset_peak_memory(device)
         wall, outs, steps = run_vllm(model_dir, model, tokenizer, args)
         tokens = sum(len(o.token_ids) for ep in outs for o in ep)
-        rows.append(("vllm", f"{steps} steps", "-", tokens, wall, tokens / wall))
-    print("\n| mode | batches | rows per batch | tokens | wall s | tokens/s |\n|---|---:|---:|---:|---:|---:|")
-    for name, batches, mean_rows, tokens, wall, tps in rows:
+        rows.append(("vllm", f"{steps} steps", "-", tokens, wall, tokens / wall, peak_memory(device)))
+    print("\n| mode | batches | rows per batch | tokens | wall s | tokens/s | peak memory |\n"
+          "|---|---:|---:|---:|---:|---:|---|")
+    for name, batches, mean_rows, tokens, wall, tps, memory in rows:
         shown = f"{mean_rows:.1f}" if isinstance(mean_rows, float) else mean_rows
-        print(f"| {name} | {batches} | {shown} | {tokens} | {wall:.1f} | {tps:.1f} |")
+        print(f"| {name} | {batches} | {shown} | {tokens} | {wall:.1f} | {tps:.1f} | {memory} |")
     print(f"\ncalls with identical tokens in both HF modes: {same}/{args.episodes * args.calls}")
     print(f"speedup {rows[1][5] / rows[0][5]:.1f}×")
     if args.vllm:

@@ -182,13 +182,19 @@ class RolloutConfig:
     tensor_parallel_size: int = knob(1, source="ours", ge=1, help="vLLM tensor parallelism")
     backend: str = knob("auto", source="ours", choices=ROLLOUT_BACKENDS,
                         help="local engine's generation: hf (batched Hugging Face) | vllm (a vLLM engine in the "
-                             "training process, weights synced after every update) | auto: vllm where vLLM imports, "
-                             "runs the model (on CPU: head_dim >= 32) and scripts/bench_generation.py measured it "
-                             "faster than hf on this kind of device, and generation is not deterministic; else hf")
+                             "training process, weights synced after every update) | auto: vllm where vLLM's build "
+                             "for this device is installed and runs the model (on CPU: head_dim >= 32 and measured "
+                             "faster than hf by scripts/bench_generation.py), and generation is not deterministic; "
+                             "else hf")
     generation_batch_size: int = knob(32, source="ours", ge=1,
                                       help="local engine: model calls of concurrent episodes generated together (rows)")
     generation_batch_tokens: int = knob(262144, source="ours", ge=1,
                                         help="local engine: padded prompt tokens per generation batch (memory bound)")
+    hf_gpu_memory_fraction: float = knob(0.9, source="ours", gt=0, le=1,
+                                         help="local engine, HF generation on a GPU: share of the card's memory the "
+                                              "training process may hold (torch's per-process allocator cap, the "
+                                              "update included); each generation batch takes only the calls whose "
+                                              "KV cache and per-step buffers fit in what is left of it")
     deterministic_generation: bool = knob(False, source="ours",
                                           help="local engine: one model call at a time, so a resumed run repeats "
                                                "the uninterrupted one bit for bit (batched: up to rounding)")

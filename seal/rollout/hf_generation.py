@@ -11,6 +11,14 @@ Two layers:
   together by one worker thread (at most `max_batch_size` rows and `max_batch_tokens` padded prompt
   tokens per batch); with `max_batch_size=1` calls run one at a time (the deterministic mode).
 
+Memory. The batch's KV cache is allocated once, at the batch's final length, and written in place
+(`_BatchLayer`): transformers' `DynamicLayer` concatenates at every decode step, a new and slightly larger
+tensor per layer and step, and the attention's per-step buffers (the KV heads repeated to every attention head,
+the mask) grew with it, so CUDA's caching allocator kept reserving new blocks it could not reuse. Attention reads
+views of the cache rounded up to `KV_BUCKET` positions, so every per-step buffer keeps one size for
+`KV_BUCKET` steps and is reused. On a GPU, `MemoryBudget` (rollout.hf_gpu_memory_fraction) caps the process's
+allocator at a share of the card and takes into a batch only the calls whose cache and buffers fit.
+
 Why not transformers' continuous batching: in the installed version (5.x) the manager has one sampling
 configuration and one seed for all requests, so per-call seeds (what makes a resumed run repeat the
 uninterrupted one) and per-call temperature do not fit; it also needs its own paged cache.
@@ -28,16 +36,24 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from seal.rollout.calls import call_seed, settle, stop_token_ids
 from seal.rollout.types import Generation, SamplingParams
+
+log = logging.getLogger(__name__)
+
+# Attention reads the cache in views of a multiple of this many positions (the tail masked), so that the per-step
+# buffers sized by the view keep one size for this many decode steps and the allocator reuses them.
+KV_BUCKET = 256
 
 
 def autocast_context(device: torch.device, dtype: torch.dtype | None):
@@ -110,12 +126,47 @@ def _sample(logits: torch.Tensor, params: Sequence[SamplingParams], gens: Sequen
     return tokens, logps
 
 
-def _left_pad(rows: Sequence[torch.Tensor], width: int) -> torch.Tensor:
-    """Stack per-row cache tensors `[1, heads, len_i, dim]` into `[n, heads, width, dim]`, zeros on the left."""
-    out = rows[0].new_zeros((len(rows), rows[0].shape[1], width, rows[0].shape[3]))
-    for i, r in enumerate(rows):
-        out[i, :, width - r.shape[2]:] = r[0]
-    return out
+def _round_up(n: int) -> int:
+    return -(-n // KV_BUCKET) * KV_BUCKET
+
+
+class _BatchLayer(DynamicLayer):
+    """One decoder layer's keys and values for a whole batch: `[rows, kv_heads, capacity, head_dim]` tensors
+    allocated once, written in place; attention gets views of the first `_round_up(filled)` positions (the
+    unfilled tail is masked by the attention mask, `generate_batch` marks a position valid once it is written)."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, filled: int):
+        super().__init__()
+        self.dtype, self.device = keys.dtype, keys.device
+        self.is_initialized = True
+        self.buffers = (keys, values)
+        self._view(filled)
+
+    def _view(self, filled: int) -> None:
+        self.filled = filled
+        end = _round_up(filled)
+        self.keys, self.values = self.buffers[0][:, :, :end], self.buffers[1][:, :, :end]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = self.buffers
+        end = self.filled + key_states.shape[-2]
+        if end > keys.shape[2]:
+            raise RuntimeError(f"batch KV cache holds {keys.shape[2]} positions, {end} needed")
+        keys[:, :, self.filled:end] = key_states
+        values[:, :, self.filled:end] = value_states
+        self._view(end)
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.filled
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return _round_up(self.filled + query_length), 0
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.buffers = (self.buffers[0][indices], self.buffers[1][indices])  # smaller: the allocator reuses blocks
+        self._view(self.filled)
 
 
 def generate_batch(model: Any, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams],
@@ -127,8 +178,6 @@ def generate_batch(model: Any, prompts: Sequence[Sequence[int]], params: Sequenc
     row its own generator, seeded with `call_seed(seed, len(prompt))`). The stop token is kept in
     `token_ids` (finish_reason "stop"); a row that reaches `max_tokens` ends with "length".
     """
-    from transformers import DynamicCache
-
     if len(prompts) != len(params) or not prompts:
         raise ValueError(f"generate_batch: {len(prompts)} prompts and {len(params)} SamplingParams")
     for p in params:
@@ -138,6 +187,12 @@ def generate_batch(model: Any, prompts: Sequence[Sequence[int]], params: Sequenc
         raise ValueError("generate_batch: empty prompt")
     stops = set(int(s) for s in stop_ids)
     bsz, width = len(prompts), max(len(p) for p in prompts)
+    # every position the batch can write: the prompts, then one per generated token but the last (never fed back)
+    capacity = _round_up(width + max(int(p.max_tokens) for p in params) - 1)
+    # Under autocast every reader of the cache (sdpa, or matmul in eager attention) casts keys and values to the
+    # autocast dtype, so the cache holds them in it: the same attention, at half the memory of the float32 keys
+    # (rotary output) and values (promoted to the keys' dtype by DynamicLayer) a float32 model leaves there.
+    cache_dtype = autocast_dtype if device.type == "cuda" else None
     gens = [_row_generator(p, len(q)) for p, q in zip(params, prompts, strict=True)]
     tokens: list[list[int]] = [[] for _ in range(bsz)]
     logps: list[list[float]] = [[] for _ in range(bsz)]
@@ -145,34 +200,49 @@ def generate_batch(model: Any, prompts: Sequence[Sequence[int]], params: Sequenc
     live = list(range(bsz))  # batch row -> request index
     with torch.no_grad(), autocast_context(device, autocast_dtype):
         # Prefill row by row (a long prompt fills the device alone; no padding, so each prompt's KV cache
-        # and first logits are exactly those of a call alone), then left-pad the caches into one batch.
-        caches, first = [], []
-        for p in prompts:
-            cache = DynamicCache(config=model.config)
-            ids = torch.as_tensor([list(p)], dtype=torch.long, device=device)
-            out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-            caches.append(cache)
-            first.append(out.logits[:, -1, :].float())
-        cache = DynamicCache(ddp_cache_data=[(_left_pad([c.layers[k].keys for c in caches], width),
-                                              _left_pad([c.layers[k].values for c in caches], width))
-                                             for k in range(len(caches[0].layers))], config=model.config)
-        del caches
-        attn = torch.zeros((bsz, width), dtype=torch.long, device=device)
+        # and first logits are exactly those of a call alone), each copied, left-padded, into the batch's cache.
+        buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
+        first = []
         for i, p in enumerate(prompts):
-            attn[i, width - len(p):] = 1
+            row = DynamicCache(config=model.config)
+            ids = torch.as_tensor([list(p)], dtype=torch.long, device=device)
+            out = model(input_ids=ids, past_key_values=row, use_cache=True, logits_to_keep=1)
+            first.append(out.logits[:, -1, :].float())
+            if not buffers:
+                kinds = {type(layer).__name__ for layer in row.layers if type(layer) is not DynamicLayer}
+                if kinds:
+                    raise ValueError(f"batched HF generation keeps every position of every layer; this model's "
+                                     f"cache has {sorted(kinds)} layers")
+                buffers = [(layer.keys.new_zeros((bsz, layer.keys.shape[1], capacity, layer.keys.shape[3]),
+                                                 dtype=cache_dtype or layer.keys.dtype),
+                            layer.values.new_zeros((bsz, layer.values.shape[1], capacity, layer.values.shape[3]),
+                                                   dtype=cache_dtype or layer.values.dtype))
+                           for layer in row.layers]
+            for (keys, values), layer in zip(buffers, row.layers, strict=True):
+                keys[i, :, width - len(p):width] = layer.keys[0]
+                values[i, :, width - len(p):width] = layer.values[0]
+            del row, out
+        cache = Cache(layers=[_BatchLayer(keys, values, width) for keys, values in buffers])
+        del buffers
+        # 1 where a position holds a token: the prompts right-aligned at `width`, then each position once written
+        attn = torch.zeros((bsz, capacity), dtype=torch.long, device=device)
+        for i, p in enumerate(prompts):
+            attn[i, width - len(p):width] = 1
+        filled = width
         next_pos = torch.as_tensor([[len(p)] for p in prompts], dtype=torch.long, device=device)
         logits = torch.cat(first)
+        del first
         while True:
             step_tokens, step_logps = _sample(logits, [params[r] for r in live], [gens[r] for r in live])
             keep = []
-            for row, req in enumerate(live):
-                token, lp = step_tokens[row], step_logps[row]
+            for row_i, req in enumerate(live):
+                token, lp = step_tokens[row_i], step_logps[row_i]
                 tokens[req].append(token)
                 logps[req].append(lp)
                 if token in stops:
                     finish[req] = "stop"
                 elif len(tokens[req]) < int(params[req].max_tokens):
-                    keep.append(row)
+                    keep.append(row_i)
             if not keep:
                 break
             step = torch.as_tensor(step_tokens, dtype=torch.long, device=device).unsqueeze(-1)
@@ -181,12 +251,84 @@ def generate_batch(model: Any, prompts: Sequence[Sequence[int]], params: Sequenc
                 cache.batch_select_indices(sel)
                 step, attn, next_pos = step[sel], attn[sel], next_pos[sel]
                 live = [live[r] for r in keep]
-            attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=-1)
-            out = model(input_ids=step, attention_mask=attn, position_ids=next_pos, past_key_values=cache,
-                        use_cache=True)
+            attn[:, filled] = 1
+            filled += 1
+            out = model(input_ids=step, attention_mask=attn[:, :_round_up(filled)], position_ids=next_pos,
+                        past_key_values=cache, use_cache=True)
             logits = out.logits[:, -1, :].float()
+            del out
             next_pos = next_pos + 1
     return [Generation(tokens[i], finish[i], logps[i]) for i in range(bsz)]  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- the GPU memory budget
+@dataclass(frozen=True)
+class CudaMemory:
+    """One reading of the CUDA memory query, the one GPU-only input of `MemoryBudget` (tests pass a stand-in)."""
+    free: int       # bytes free on the device, every process counted (torch.cuda.mem_get_info)
+    total: int      # the device's memory
+    allocated: int  # this process's live tensors (torch.cuda.memory_allocated)
+    reserved: int   # this process's caching allocator, allocated included (torch.cuda.memory_reserved)
+
+
+def cuda_memory(device: torch.device) -> CudaMemory:
+    free, total = torch.cuda.mem_get_info(device)
+    return CudaMemory(free, total, torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device))
+
+
+class MemoryBudget:
+    """How many calls a generation batch may take within a share (`fraction`) of the GPU's memory.
+
+    A batch of n rows padded to `width` prompt tokens, generating up to `max_new` tokens each, holds
+    - its KV cache, allocated once: n x capacity positions x `kv_bytes` (keys and values of every layer), where
+      capacity is `width + max_new - 1` rounded up to `KV_BUCKET`;
+    - per decode step, freed after: one layer's keys and values repeated to every attention head (transformers'
+      sdpa path does so when a padding mask is passed), n x capacity x `attention_bytes`, and the float32 logits
+      with the sampler's buffers over the vocabulary, n x `vocab_bytes`;
+    - the prefill of one prompt alone: its own cache and one layer's activations, width x `prefill_bytes`.
+    Element sizes are the cache's: the autocast dtype's under autocast (`generate_batch`), else the weights'. The
+    prefill and attention terms are upper estimates. What a batch may use is
+    `min(fraction x total - allocated, free + reserved - allocated)`: the share left beside what this process
+    holds (weights, optimizer), and never more than the device has free (other processes) plus this process's
+    allocator cache.
+    """
+
+    def __init__(self, model: Any, fraction: float, device: torch.device, autocast_dtype: torch.dtype | None = None,
+                 query: Callable[[torch.device], CudaMemory] = cuda_memory):
+        if not 0 < fraction <= 1:
+            raise ValueError(f"MemoryBudget: fraction {fraction} is not in (0, 1]")
+        cfg = model.config.get_text_config()
+        heads = int(cfg.num_attention_heads)
+        kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+        hidden = int(cfg.hidden_size)
+        intermediate = int(getattr(cfg, "intermediate_size", None) or 4 * hidden)
+        elem = autocast_dtype.itemsize if autocast_dtype is not None else next(model.parameters()).element_size()
+        self.kv_bytes = 2 * int(cfg.num_hidden_layers) * kv_heads * head_dim * elem
+        self.attention_bytes = 2 * heads * head_dim * elem
+        self.vocab_bytes = 4 * int(cfg.vocab_size) * 4
+        self.prefill_bytes = self.kv_bytes + (4 * intermediate + 8 * hidden) * elem
+        self.fraction, self.device, self.query = float(fraction), device, query
+
+    def batch_bytes(self, rows: int, width: int, max_new: int) -> int:
+        capacity = _round_up(width + max_new - 1)
+        return (rows * capacity * (self.kv_bytes + self.attention_bytes) + rows * self.vocab_bytes
+                + width * self.prefill_bytes)
+
+    def available(self) -> int:
+        m = self.query(self.device)
+        return min(int(self.fraction * m.total) - m.allocated, m.free + m.reserved - m.allocated)
+
+
+def gpu_memory_budget(model: Any, device: torch.device, fraction: float,
+                      autocast_dtype: torch.dtype | None = None) -> MemoryBudget | None:
+    """On CUDA: caps this process's caching allocator at `fraction` of the card (so nothing the process does
+    takes the whole card: when the cap is reached the allocator frees its cache and retries before it fails)
+    and returns the budget generation batches are sized by. None on CPU (batches bounded by rows and tokens)."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    return MemoryBudget(model, fraction, device, autocast_dtype)
 
 
 # --------------------------------------------------------------------------- the async GenerateFn
@@ -206,10 +348,13 @@ class HFGenerator:
     after letting arrivals settle (it starts once no call has arrived for `batch_wait_s`, or the batch is
     full, or the oldest call has waited `8 * batch_wait_s`), and runs `generate_batch`. Calls that arrive
     during a batch wait for the next one. `max_batch_size=1`: one call at a time, in a worker thread.
+    With a `memory_budget` a batch also takes only the calls that fit what the budget leaves available when the
+    batch is formed; a first call that alone does not fit runs alone (the allocator's cap is the hard bound).
     """
 
     def __init__(self, model: Any, tokenizer: Any, device: torch.device, autocast_dtype: torch.dtype | None = None,
-                 max_batch_size: int = 1, max_batch_tokens: int = 262_144, batch_wait_s: float = 0.02):
+                 max_batch_size: int = 1, max_batch_tokens: int = 262_144, batch_wait_s: float = 0.02,
+                 memory_budget: MemoryBudget | None = None):
         if max_batch_size < 1 or max_batch_tokens < 1 or batch_wait_s < 0:
             raise ValueError(f"HFGenerator: max_batch_size={max_batch_size}, max_batch_tokens={max_batch_tokens}, "
                              f"batch_wait_s={batch_wait_s}: need >= 1, >= 1, >= 0")
@@ -223,6 +368,7 @@ class HFGenerator:
         self.max_batch_size = int(max_batch_size)
         self.max_batch_tokens = int(max_batch_tokens)
         self.batch_wait_s = float(batch_wait_s)
+        self.memory_budget = memory_budget
         self.lock = threading.Lock()  # one model: one batch at a time
         self._queue: list[_Call] = []
         self._cv = threading.Condition()
@@ -261,11 +407,27 @@ class HFGenerator:
             if quiet >= self.batch_wait_s or now - self._queue[0].arrived >= 8 * self.batch_wait_s:
                 break
             self._cv.wait(timeout=self.batch_wait_s - quiet)
+        budget = self.memory_budget
+        try:
+            available = budget.available() if budget is not None else 0
+        except Exception as exc:  # noqa: BLE001 - the waiting calls get the error instead of waiting forever
+            for call in self._queue:
+                settle(call.future, exc=exc)
+            self._queue.clear()
+            return []
         batch: list[_Call] = []
         for call in self._queue:
             width = max([len(c.prompt_ids) for c in batch] + [len(call.prompt_ids)])
             if batch and (len(batch) >= self.max_batch_size or width * (len(batch) + 1) > self.max_batch_tokens):
                 break
+            if budget is not None:
+                max_new = max(int(c.params.max_tokens) for c in [*batch, call])
+                need = budget.batch_bytes(len(batch) + 1, width, max_new)
+                if need > available:
+                    if batch:
+                        break
+                    log.warning("HF generation: one call of %d prompt tokens needs ~%.2f GB, the memory budget leaves "
+                                "%.2f GB; it runs alone", len(call.prompt_ids), need / 1e9, available / 1e9)
             batch.append(call)
         del self._queue[:len(batch)]
         return batch
@@ -274,6 +436,8 @@ class HFGenerator:
         while True:
             with self._cv:
                 batch = self._take()
+            if not batch:
+                continue
             try:
                 with self.lock:
                     self.batch_sizes.append(len(batch))

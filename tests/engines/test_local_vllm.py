@@ -104,16 +104,33 @@ def test_auto_takes_hf_for_a_model_vllm_cannot_run(tmp_path):
         E.choose_backend(vllm_cfg, small, cpu)
     # The README's recipe as it is: HF, one call at a time.
     assert E.choose_backend(C.load_config(REPO / "exp" / "tiny_cpu.yaml"), small, cpu)[0] == "hf"
-    # A model vLLM runs: vLLM exactly where it was measured faster on this kind of device.
+    # A model vLLM runs: on CPU, vLLM exactly where it was measured faster.
     capable = build_tiny_qwen2(tmp_path / "tiny32", hidden=64, layers=1, heads=2, kv_heads=1)
-    faster = E.MEASURED_VLLM_SPEEDUP.get("cpu", 0.0) > 1.0
+    faster = E.MEASURED_VLLM_SPEEDUP_CPU > 1.0
     assert E.choose_backend(cfg, capable, cpu)[0] == ("vllm" if faster else "hf")
     cuda_cfg = C.load_config(REPO / "exp" / "tiny_cpu.yaml", [f"model.path={capable}", "model.build_tiny=false",
                                                               "rollout.deterministic_generation=false",
                                                               "rollout.backend=vllm"])
-    assert E.choose_backend(cfg, capable, torch.device("cuda"))[0] == "hf"  # not measured on a GPU
-    with pytest.raises(ValueError, match="CPU build"):  # and this vLLM is the CPU build
-        E.choose_backend(cuda_cfg, capable, torch.device("cuda"))
+    cuda = torch.device("cuda")
+    backend, why = E.choose_backend(cfg, capable, cuda)
+    assert backend == "hf" and "CPU build" in why  # this vLLM is the CPU build
+    with pytest.raises(ValueError, match="CPU build"):
+        E.choose_backend(cuda_cfg, capable, cuda)
+
+
+def test_auto_takes_vllm_on_a_gpu_whenever_its_gpu_build_runs_the_model(monkeypatch, tmp_path):
+    """No GPU here: `vllm_cannot_run` (which asks the installed vLLM whether its build matches the device) is
+    replaced by a stand-in answering as a GPU build of vLLM would; the rule under test is choose_backend's."""
+    cfg = C.load_config(REPO / "exp" / "local_1gpu.yaml")
+    cuda = torch.device("cuda")
+    asked = []
+    monkeypatch.setattr(E, "vllm_cannot_run", lambda path, device_type: asked.append(device_type))
+    backend, why = E.choose_backend(cfg, tmp_path, cuda)
+    assert (backend, asked) == ("vllm", ["cuda"]) and "cuda build is installed" in why
+    monkeypatch.setattr(E, "vllm_cannot_run", lambda path, device_type: "vLLM is not installed")
+    assert E.choose_backend(cfg, tmp_path, cuda) == ("hf", "auto: vLLM is not installed")
+    deterministic = C.load_config(REPO / "exp" / "local_1gpu.yaml", ["rollout.deterministic_generation=true"])
+    assert E.choose_backend(deterministic, tmp_path, cuda)[0] == "hf"
 
 
 def test_backend_rules_of_the_recipe():

@@ -9,7 +9,8 @@ import random
 import pytest
 import torch
 
-from seal.rollout.hf_generation import HFGenerator, generate_batch
+from seal.rollout import hf_generation as H
+from seal.rollout.hf_generation import CudaMemory, HFGenerator, MemoryBudget, generate_batch
 from seal.rollout.types import SamplingParams
 
 CPU = torch.device("cpu")
@@ -120,3 +121,148 @@ def test_generator_serves_concurrent_calls_together(tiny):
     with pytest.raises(ValueError, match="max_tokens"):
         asyncio.run(bad_call())
     assert [o.token_ids for o in asyncio.run(all_calls(batched))] == [o.token_ids for o in outs]  # still serving
+
+
+def test_the_batch_cache_is_written_in_place_across_buckets(tiny, monkeypatch):
+    """The KV cache is allocated once per batch and written in place (transformers' DynamicLayer concatenates a
+    new tensor per layer and step); attention sees views rounded up to KV_BUCKET positions with the unwritten tail
+    masked. A bucket of 4 makes the views cross many boundaries: the output is still transformers' own greedy
+    `generate` and the model's teacher-forced log-probs."""
+    from transformers import GenerationConfig
+
+    model, tok = tiny
+    monkeypatch.setattr(H, "KV_BUCKET", 4)
+    gen = HFGenerator(model, tok, CPU)
+    prompts = _prompts(3, seed=5)
+    seen = []  # after each decode call: (layer 0's key buffer address, rows, view length, filled, mask length)
+
+    def record(_module, _args, kwargs, _output):
+        cache = kwargs.get("past_key_values")
+        if isinstance(cache, H.Cache) and isinstance(cache.layers[0], H._BatchLayer):
+            layer = cache.layers[0]
+            seen.append((layer.buffers[0].data_ptr(), layer.buffers[0].shape[0], layer.keys.shape[2], layer.filled,
+                         kwargs["attention_mask"].shape[1]))
+
+    handle = model.register_forward_hook(record, with_kwargs=True)
+    try:
+        limits = [SamplingParams(temperature=0.0, max_tokens=m) for m in (14, 3, 14)]
+        outs = generate_batch(model, prompts, limits, gen.stop_ids, CPU)
+    finally:
+        handle.remove()
+    width = max(len(p) for p in prompts)
+    assert [f for *_, f, _ in seen] == list(range(width + 1, width + 1 + len(seen)))  # one position per step
+    for _ptr, _rows, view, filled, mask in seen:
+        assert view % 4 == 0 and filled <= view < filled + 4 and mask == view  # the bucketed view, masked tail
+    assert len({view for _p, _r, view, _f, _m in seen}) > 2  # several buckets crossed
+    by_rows = {}
+    for ptr, rows, *_ in seen:
+        by_rows.setdefault(rows, set()).add(ptr)
+    assert all(len(ptrs) == 1 for ptrs in by_rows.values())  # one buffer while the rows stay: no reallocation
+    assert sorted(by_rows) == [2, 3] and outs[1].finish_reason == "length"  # row 1 left after 3 tokens
+    for prompt, out, lim in zip(prompts, outs, limits, strict=True):
+        ref = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                             generation_config=GenerationConfig(max_new_tokens=lim.max_tokens, do_sample=False,
+                                                                eos_token_id=gen.stop_ids, pad_token_id=gen.pad_id))
+        assert out.token_ids == ref[0, len(prompt):].tolist()
+        full = torch.tensor([prompt + out.token_ids])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(full).logits[0, len(prompt) - 1:-1].float(), -1)
+        expected = logp.gather(-1, torch.tensor(out.token_ids).unsqueeze(-1)).squeeze(-1)
+        assert torch.allclose(torch.tensor(out.logprobs), expected, atol=1e-4)
+
+
+def test_a_cache_in_the_autocast_dtype_gives_the_same_attention(tiny):
+    """Under autocast every reader of the cache casts keys and values to the autocast dtype, so on a GPU
+    `generate_batch` keeps the cache in it (half the memory of the float32 keys and values transformers leaves
+    there). No GPU here: CPU autocast, whose table puts sdpa and matmul in the same lower-precision class as the
+    CUDA table does, stands in. A decode step reading a float32 cache and one reading its bf16 copy give the same
+    logits, bit for bit."""
+    model, _ = tiny
+    prompt = _prompts(1, seed=7)[0]
+    n = len(prompt)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        row = H.DynamicCache(config=model.config)
+        model(input_ids=torch.tensor([prompt]), past_key_values=row, use_cache=True)
+        assert row.layers[0].keys.dtype == row.layers[0].values.dtype == torch.float32
+        capacity = H._round_up(n + 1)
+        mask = torch.zeros((1, capacity), dtype=torch.long)
+        mask[0, :n + 1] = 1
+        logits = {}
+        for dtype in (torch.float32, torch.bfloat16):
+            layers = []
+            for layer in row.layers:
+                keys = torch.zeros((1, layer.keys.shape[1], capacity, layer.keys.shape[3]), dtype=dtype)
+                values = torch.zeros((1, layer.values.shape[1], capacity, layer.values.shape[3]), dtype=dtype)
+                keys[:, :, :n], values[:, :, :n] = layer.keys, layer.values
+                layers.append(H._BatchLayer(keys, values, n))
+            out = model(input_ids=torch.tensor([[prompt[-1]]]), attention_mask=mask, position_ids=torch.tensor([[n]]),
+                        past_key_values=H.Cache(layers=layers), use_cache=True)
+            logits[dtype] = out.logits.float()
+    assert torch.equal(logits[torch.float32], logits[torch.bfloat16])
+
+
+GB = 10**9
+
+
+def _reading(free, total, allocated, reserved):
+    """A stand-in for the CUDA memory query (torch.cuda.mem_get_info and the allocator's counters): the one part
+    of the budget that needs a GPU. Everything else below is the real code on CPU."""
+    return lambda _device: CudaMemory(free=free, total=total, allocated=allocated, reserved=reserved)
+
+
+def test_memory_budget_arithmetic(tiny):
+    model, _ = tiny
+    cfg = model.config
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    budget = MemoryBudget(model, 0.5, CPU, query=_reading(free=60 * GB, total=100 * GB, allocated=10 * GB,
+                                                            reserved=12 * GB))
+    assert budget.kv_bytes == 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * 4  # float32
+    assert budget.attention_bytes == 2 * cfg.num_attention_heads * head_dim * 4
+    capacity = 512  # 300 + 100 - 1 rounded up to KV_BUCKET (256)
+    assert budget.batch_bytes(3, 300, 100) == (3 * capacity * (budget.kv_bytes + budget.attention_bytes)
+                                               + 3 * budget.vocab_bytes + 300 * budget.prefill_bytes)
+    assert budget.available() == 40 * GB  # the share (50 GB) less what the process holds (10 GB)
+    # another process holds most of the card: what is free (plus this process's cache) is the bound
+    crowded = MemoryBudget(model, 0.5, CPU, query=_reading(free=5 * GB, total=100 * GB, allocated=10 * GB,
+                                                             reserved=12 * GB))
+    assert crowded.available() == 7 * GB
+    halved = MemoryBudget(model, 0.5, CPU, torch.bfloat16, query=_reading(0, 0, 0, 0))
+    assert 2 * halved.kv_bytes == budget.kv_bytes  # the cache in the autocast dtype
+    with pytest.raises(ValueError, match="fraction"):
+        MemoryBudget(model, 1.5, CPU)
+
+
+def test_batches_are_cut_to_the_memory_budget(tiny):
+    """HFGenerator with a budget takes into a batch only the calls that fit what the budget leaves, and runs a call
+    that alone does not fit alone; the tokens are those of the unbounded batches."""
+    model, tok = tiny
+    prompts = _prompts(6, seed=3)
+    greedy = SamplingParams(temperature=0.0, max_tokens=6)
+    probe = MemoryBudget(model, 1.0, CPU, query=_reading(0, 0, 0, 0))
+    width = max(len(p) for p in prompts)
+    room = probe.batch_bytes(2, width, 6)  # two rows of the widest prompt, not three
+    assert probe.batch_bytes(3, width, 6) > room
+    budgets = {"two rows": MemoryBudget(model, 0.5, CPU, query=_reading(free=100 * GB, total=2 * (GB + room),
+                                                                       allocated=GB, reserved=GB)),
+               "none fits": MemoryBudget(model, 0.5, CPU, query=_reading(free=100 * GB, total=2 * GB,
+                                                                        allocated=GB, reserved=GB))}
+    assert budgets["two rows"].available() == room and budgets["none fits"].available() == 0
+
+    async def all_calls(gen):
+        return await asyncio.gather(*(gen(p, greedy) for p in prompts))
+
+    unbounded = HFGenerator(model, tok, CPU, max_batch_size=8)
+    expected = [o.token_ids for o in asyncio.run(all_calls(unbounded))]
+    assert max(unbounded.batch_sizes) > 2
+    for name, budget in budgets.items():
+        gen = HFGenerator(model, tok, CPU, max_batch_size=8, memory_budget=budget)
+        assert [o.token_ids for o in asyncio.run(all_calls(gen))] == expected, name
+        assert sum(gen.batch_sizes) == 6
+        assert max(gen.batch_sizes) == (2 if name == "two rows" else 1), name
+
+    def broken(_device):
+        raise RuntimeError("CUDA error: the query failed")
+
+    gen = HFGenerator(model, tok, CPU, max_batch_size=8, memory_budget=MemoryBudget(model, 0.5, CPU, query=broken))
+    with pytest.raises(RuntimeError, match="query failed"):  # the waiting calls get the error, none hangs
+        asyncio.run(all_calls(gen))

@@ -45,7 +45,7 @@ from seal.engines.data import Task, load_tasks
 from seal.logging_utils import MetricsLogger, progress
 from seal.rollout.client import EnvClient
 from seal.rollout.episode import EpisodeRequest, check_infra_loss, run_batch
-from seal.rollout.hf_generation import HFGenerator
+from seal.rollout.hf_generation import HFGenerator, gpu_memory_budget
 from seal.rollout.hf_generation import autocast_context as _autocast
 from seal.rollout.types import GenerateFn, Rollout, SamplingParams
 from seal.rollout.vllm_generation import ColocatedVLLM, colocated_vllm, vllm_cannot_run
@@ -489,18 +489,20 @@ def _dtypes(cfg: C.Recipe, device: torch.device) -> torch.dtype | None:
     return torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float16
 
 
-# vLLM's tokens/s over batched HF generation's, per kind of device, measured with scripts/bench_generation.py
-# (docs/engines.md, "Speed"): `rollout.backend: auto` takes vLLM only where this is above 1. A kind that has
-# not been measured gets HF. cpu: SmolLM2-135M, 8 episodes x 2 calls of ~1k-token prompts on a shared 2-core
-# machine, the lower of two runs (8.1x and 10.2x; vLLM was also 3.1x and 6.9x HF one call at a time). No GPU
-# measurement yet.
-MEASURED_VLLM_SPEEDUP: dict[str, float] = {"cpu": 8.1}
+# vLLM's tokens/s over batched HF generation's on CPU, measured with scripts/bench_generation.py (docs/engines.md,
+# "Speed"): SmolLM2-135M, 8 episodes x 2 calls of ~1k-token prompts on a shared 2-core machine, the lower of two
+# runs (8.1x and 10.2x; vLLM was also 3.1x and 6.9x HF one call at a time). `auto` takes vLLM on CPU only while
+# this is above 1.
+MEASURED_VLLM_SPEEDUP_CPU = 8.1
 
 
 def choose_backend(cfg: C.Recipe, model_path: str | os.PathLike[str], device: torch.device) -> tuple[str, str]:
     """`rollout.backend` resolved for this run: ("hf" or "vllm", why). `vllm` asked for where vLLM cannot run the
-    model raises; `auto` is vllm only where vLLM can run it and was measured faster here (`MEASURED_VLLM_SPEEDUP`),
-    and never with `rollout.deterministic_generation` (HF's one-call-at-a-time mode)."""
+    model raises. `auto` is vllm wherever vLLM can run the model, except on CPU unless it was measured faster there
+    (`MEASURED_VLLM_SPEEDUP_CPU`), and never with `rollout.deterministic_generation` (HF's one-call-at-a-time mode).
+    On a GPU vLLM is taken whenever its GPU build is installed: batched HF measured ~280 generated tokens/s with 32
+    rows of a 0.5B model on one H200 (docs/engines.md, "One GPU"), where vLLM's paged KV cache and continuous
+    batching are its reason to exist."""
     asked = cfg.rollout.backend
     if asked == "hf":
         return "hf", "rollout.backend: hf"
@@ -512,15 +514,15 @@ def choose_backend(cfg: C.Recipe, model_path: str | os.PathLike[str], device: to
     # auto: the cheap reasons first (vllm_cannot_run imports vLLM, which takes seconds)
     if cfg.rollout.deterministic_generation:
         return "hf", "auto: rollout.deterministic_generation computes every call alone, with HF"
-    speedup = MEASURED_VLLM_SPEEDUP.get(device.type)
-    if speedup is None:
-        return "hf", f"auto: vLLM has not been measured against batched HF on {device.type}"
-    if speedup <= 1.0:
-        return "hf", f"auto: vLLM measured {speedup:.1f}x batched HF's tokens/s on {device.type}"
+    if device.type == "cpu" and MEASURED_VLLM_SPEEDUP_CPU <= 1.0:
+        return "hf", f"auto: vLLM measured {MEASURED_VLLM_SPEEDUP_CPU:.1f}x batched HF's tokens/s on cpu"
     problem = vllm_cannot_run(model_path, device.type)
     if problem:
         return "hf", f"auto: {problem}"
-    return "vllm", f"auto: vLLM runs this model and measured {speedup:.1f}x batched HF's tokens/s on {device.type}"
+    if device.type == "cpu":
+        return "vllm", (f"auto: vLLM runs this model and measured {MEASURED_VLLM_SPEEDUP_CPU:.1f}x batched HF's "
+                        "tokens/s on cpu")
+    return "vllm", f"auto: vLLM's {device.type} build is installed and runs this model"
 
 
 def vllm_generator(cfg: C.Recipe, model: Any, tokenizer: Any, path: str | os.PathLike[str],
@@ -535,11 +537,14 @@ def vllm_generator(cfg: C.Recipe, model: Any, tokenizer: Any, path: str | os.Pat
 
 def hf_generator(cfg: C.Recipe, model: Any, tokenizer: Any, device: torch.device,
                  autocast_dtype: torch.dtype | None) -> HFGenerator:
-    """HF generation: concurrent episodes' calls batched, or one at a time with `deterministic_generation`."""
+    """HF generation: concurrent episodes' calls batched, or one at a time with `deterministic_generation`; on a
+    GPU the process is held to `rollout.hf_gpu_memory_fraction` of the card and batches are sized to fit in it."""
     rollout = cfg.rollout
     return HFGenerator(model, tokenizer, device, autocast_dtype,
                        max_batch_size=1 if rollout.deterministic_generation else rollout.generation_batch_size,
-                       max_batch_tokens=rollout.generation_batch_tokens)
+                       max_batch_tokens=rollout.generation_batch_tokens,
+                       memory_budget=gpu_memory_budget(model, device, rollout.hf_gpu_memory_fraction,
+                                                        autocast_dtype))
 
 
 def enable_gradient_checkpointing(model: Any) -> None:
