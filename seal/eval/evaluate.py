@@ -592,7 +592,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    "retries included (default 900); a one-slot server (llama.cpp's default) queues concurrent "
                    "calls: give --concurrency 1, or a deadline that covers the queue")
     p.add_argument("--device", default=None, help="hf: torch device (default cuda if available, else cpu)")
-    p.add_argument("--dtype", default="auto", help="hf: torch dtype (auto, bfloat16, float32, ...)")
+    p.add_argument("--dtype", default="auto", help="hf and vllm: model dtype (auto: the backend's default; bfloat16, "
+                   "float32, ...)")
     p.add_argument("--hf-batch-size", type=int, default=32, help="hf: model calls of concurrent episodes "
                    "generated together (default 32; 1 = one at a time, bit-for-bit independent of concurrency)")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm: tensor parallel size")
