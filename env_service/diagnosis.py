@@ -16,25 +16,25 @@ state and results after it (``own_turn_check``). Evidence per turn (``TurnEviden
 * the turn's own state transition and results (replayed from the reference state);
 * the called functions and arguments against the ground truth's.
 
-Rules (first match wins; docs/diagnosis.md has the table and the reasoning):
+Decision (docs/diagnosis.md has the signals, the table and the judgments): the evidence is reduced to
+``TurnSignals`` and the label is the highest-priority one whose condition holds (``label_from_signals``):
 
 * harness errors (``checker_error``, ``gt_error``) keep their tag;
 * ground truth empty (the model should not call anything): ``pass`` when nothing was attempted, else
-  ``invalid_tool_call`` (an accepted, or a rejected, call where no available tool serves the request);
-* ``pass`` when the cumulative check passes, or the turn's own transition and results are right (a mismatch
-  inherited from an earlier turn is that turn's failure, not this one's) — unless an earlier turn got
-  executable error feedback it never repaired and the damage is still there: then ``recovery_failure``
-  (the paper's "after executable error feedback, later turns do not recover");
-* otherwise, by the paper's priority:
-  1. invalid_tool_call  — a message of the turn was rejected;
-  2. argument_mismatch  — a call failed with an argument error, or the model called every function the ground
-                          truth called but some ground-truth call was not made with its arguments;
-  3. state_mismatch     — some call executed without error and the turn's own transition leaves a wrong
-                          state (a skipped state-changing call included: where missing_tool_call applies
-                          too, the paper's priority puts state_mismatch first);
-  4. recovery_failure   — a tool error that no later successful call of the same function repaired;
-  5. missing_tool_call  — no accepted call, or a function the ground truth called is missing;
-  6. response_mismatch  — calls complete, state right, the results the verifier needs are missing.
+  ``invalid_tool_call``;
+* ``pass`` when the cumulative check passes;
+* otherwise the turn fails *by its own evidence* unless its own replay passes (an inherited mismatch); by the
+  paper's priority:
+  1. invalid_tool_call  — own failure, and a message of the turn was rejected;
+  2. argument_mismatch  — own failure, and a call failed with an argument error, or a call of a function the
+                          ground truth makes has arguments no ground-truth call of it has (not repaired later
+                          in the turn);
+  3. state_mismatch     — own failure, some call executed and the own transition leaves a wrong state;
+  4. recovery_failure   — own failure with a tool error nothing repaired, or any failing turn while an earlier
+                          turn's error feedback is still unrepaired;
+  5. missing_tool_call  — own failure, and no accepted call, or a ground-truth function not called;
+  6. response_mismatch  — own failure, nothing above;
+  and ``pass`` (an inherited mismatch) when nothing holds.
 """
 
 from __future__ import annotations
@@ -95,10 +95,22 @@ def unrecovered_errors(calls: list[AcceptedCall]) -> list[AcceptedCall]:
     return out
 
 
-def _some_call_differs(calls: list[AcceptedCall], gt_calls: list[Call]) -> bool:
-    """True when some ground-truth call was not made with exactly its arguments."""
-    made = [(c.name, c.arguments) for c in calls]
-    return any((g.name, g.arguments) not in made for g in gt_calls)
+def wrong_arguments(calls: list[AcceptedCall], gt_calls: list[Call]) -> bool:
+    """Some call names a function the ground truth calls in this turn, with arguments none of the ground truth's
+    calls of that function has, and no later call of the same function in the turn made a ground-truth call.
+
+    Read from the model's calls only: a ground-truth call of a function the model never attempted cannot make
+    it true (the same action gets the same label whatever else the ground truth holds)."""
+
+    def is_gt(call: AcceptedCall) -> bool:
+        return any(g.name == call.name and g.arguments == call.arguments for g in gt_calls)
+
+    gt_names = {g.name for g in gt_calls}
+    return any(
+        call.name in gt_names and not is_gt(call)
+        and not any(c.name == call.name and is_gt(c) for c in calls[i + 1 :])
+        for i, call in enumerate(calls)
+    )
 
 
 @dataclass(frozen=True)
@@ -129,36 +141,79 @@ def needs_own_check(tag: str, turn: Turn | None, gt_calls: list[Call]) -> bool:
     return failing and bool(gt_calls) and turn is not None and bool(turn.accepted_calls())
 
 
+@dataclass(frozen=True)
+class TurnSignals:
+    """The signals a label is decided from (docs/diagnosis.md, "Signals"), computed once from the evidence."""
+
+    harness_error: bool  # the progress tag is checker_error / gt_error
+    gt_has_calls: bool
+    attempted: bool  # an accepted call or a rejected message
+    cumulative_pass: bool  # the progress tag is a success
+    own_pass: bool  # the turn's own replay from the reference state passes both checks
+    rejected: bool  # a message (or, official rules, a call) was rejected
+    argument_error: bool  # an accepted call failed with an argument-family tool error
+    wrong_arguments: bool  # ``wrong_arguments``
+    state_wrong: bool  # a call executed and the own replay (or the instance set) leaves a wrong state
+    unrepaired_error: bool  # a tool error no later successful call of the same function repaired
+    earlier_error: bool  # an earlier turn's unrepaired error feedback is still pending
+    missing: bool  # no accepted call, or a ground-truth function (as a multiset) not called
+
+
+def turn_signals(ev: TurnEvidence) -> TurnSignals:
+    calls = ev.calls
+    missing = Counter(g.name for g in ev.gt_calls) - Counter(c.name for c in calls)
+    own_state_ok = ev.own.state_ok if ev.own is not None else None
+    executed = any(not c.is_error for c in calls)
+    return TurnSignals(
+        harness_error=ev.tag in vocab.EXCLUDED_TAGS,
+        gt_has_calls=bool(ev.gt_calls),
+        attempted=bool(calls) or bool(ev.rejected),
+        cumulative_pass=ev.tag in vocab.SUCCESS_TAGS,
+        own_pass=ev.own is not None and ev.own.passed,
+        rejected=bool(ev.rejected),
+        argument_error=any(c.is_error and is_argument_error(c.result) for c in calls),
+        wrong_arguments=wrong_arguments(calls, list(ev.gt_calls)),
+        state_wrong=executed and (own_state_ok is False or ev.tag == vocab.INSTANCE_MISMATCH),
+        unrepaired_error=bool(unrecovered_errors(calls)),
+        earlier_error=ev.earlier_error,
+        missing=not calls or bool(missing),
+    )
+
+
+def label_from_signals(s: TurnSignals) -> str:
+    """The paper label: the highest-priority label whose condition holds (docs/diagnosis.md, "Decision").
+
+    A turn fails *by its own evidence* when the cumulative check fails and its own replay does not pass (a
+    mismatch inherited from an earlier turn is that turn's failure). Labels 1-3, 5 and 6 need the turn to fail by
+    its own evidence; ``recovery_failure`` (4) also holds for any cumulatively failing turn while an earlier
+    turn's error feedback is still unrepaired ("after executable error feedback, later turns do not recover")."""
+    if s.harness_error:
+        raise ValueError("a harness error has no paper label: it keeps its progress tag")
+    if not s.gt_has_calls:
+        return vocab.INVALID_TOOL_CALL if s.attempted else vocab.PASS
+    if s.cumulative_pass:
+        return vocab.PASS
+    own_failure = not s.own_pass
+    if own_failure and s.rejected:
+        return vocab.INVALID_TOOL_CALL
+    if own_failure and (s.argument_error or s.wrong_arguments):
+        return vocab.ARGUMENT_MISMATCH
+    if own_failure and s.state_wrong:
+        return vocab.STATE_MISMATCH
+    if (own_failure and s.unrepaired_error) or s.earlier_error:
+        return vocab.RECOVERY_FAILURE
+    if own_failure and s.missing:
+        return vocab.MISSING_TOOL_CALL
+    if own_failure:
+        return vocab.RESPONSE_MISMATCH
+    return vocab.PASS
+
+
 def paper_label(ev: TurnEvidence) -> str:
     """The paper label of one turn (module docstring)."""
     if ev.tag in vocab.EXCLUDED_TAGS:
         return ev.tag
-    calls = ev.calls
-    if not ev.gt_calls:
-        return vocab.INVALID_TOOL_CALL if calls or ev.rejected else vocab.PASS
-    if ev.tag in vocab.SUCCESS_TAGS:
-        return vocab.PASS
-    if ev.own is not None and ev.own.passed:
-        # The turn did its own part; the cumulative failure is inherited. After unrepaired error feedback it is
-        # the paper's recovery_failure ("later turns do not recover"), else the earlier turn's failure alone.
-        return vocab.RECOVERY_FAILURE if ev.earlier_error else vocab.PASS
-    missing = Counter(g.name for g in ev.gt_calls) - Counter(c.name for c in calls)
-    own_state_ok = ev.own.state_ok if ev.own is not None else None
-
-    if ev.rejected:
-        return vocab.INVALID_TOOL_CALL
-    if any(c.is_error and is_argument_error(c.result) for c in calls):
-        return vocab.ARGUMENT_MISMATCH
-    if calls and not missing and _some_call_differs(calls, list(ev.gt_calls)):
-        return vocab.ARGUMENT_MISMATCH
-    executed = any(not c.is_error for c in calls)
-    if executed and (own_state_ok is False or ev.tag == vocab.INSTANCE_MISMATCH):
-        return vocab.STATE_MISMATCH
-    if unrecovered_errors(calls):
-        return vocab.RECOVERY_FAILURE
-    if not calls or missing:
-        return vocab.MISSING_TOOL_CALL
-    return vocab.RESPONSE_MISMATCH
+    return label_from_signals(turn_signals(ev))
 
 
 def label_turn(task: Task, index: int, tag: str, turn: Turn | None, earlier_error: bool = False) -> str:

@@ -44,7 +44,7 @@ def official_verdict(task: Task, model_turns: list[list[list[str]]]) -> dict[str
             model_turns, task.ground_truth, task.test_entry, task.category, model_name
         )
     except Exception as exc:  # an exception inside BFCL's checker is a harness failure, not a policy verdict
-        result = {"valid": False, "error_type": "checker_exception", "error_message": repr(exc)}
+        result = {"valid": False, "error_type": vocab.CHECKER_EXCEPTION, "error_message": repr(exc)}
     finally:
         namespace = multi_turn_utils.__dict__
         prefix = re.sub(r"[-./:]", "_", model_name)

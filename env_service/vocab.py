@@ -44,6 +44,10 @@ PROGRESS_TAGS: tuple[str, ...] = (
 # Tags that describe the harness, not the policy: A-Patch and the capability state ignore them.
 EXCLUDED_TAGS: frozenset[str] = frozenset({CHECKER_ERROR, GT_ERROR})
 
+# The official verdict's error type when BFCL's checker itself raised (env_service/grading.py): the 0 is the
+# harness's, not the policy's. Training excludes such an episode, evaluation counts it as errored.
+CHECKER_EXCEPTION = "checker_exception"
+
 # Turns that count as succeeded in the progress vocabulary.
 SUCCESS_TAGS: frozenset[str] = frozenset({PASS, CORRECT_ABSTENTION})
 

@@ -21,7 +21,15 @@ are absent: a simulated turn has no observation to augment), no coupling between
 its "repairability" is built in (η_z), so a mechanism that exploits it is favoured by construction. It ranks
 mechanisms on a toy, nothing more; the paper's claims need real runs.
 
-    python scripts/sim_curriculum.py [--seeds 5] [--steps 80] [--target 0.5]
+Two controls keep the comparison honest. A-Patch multiplies advantages by ρ-weights whose mean is above 1, so it
+also takes larger steps than vanilla GRPO at the same learning rate; "SEAL, step size matched" rescales each
+step's A-Patch advantages to vanilla GRPO's mean |A| (the same effective step size, only the redistribution
+over trajectories left). And the built-in responsiveness ranks the skills almost as the static ρ table does
+(printed: Spearman's correlation), which favours A-Patch by construction; the second table draws each seed's
+responsiveness at random, independently of ρ. Every number is a mean over seeds with its 95% interval (Student
+t), and the difference to vanilla GRPO is paired by seed (same tasks, same start).
+
+    python scripts/sim_curriculum.py [--seeds 20] [--steps 40] [--target 0.5]
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from scipy import stats
 
 from env_service import vocab
 from seal.core.adaptive import AdaptiveConfig
@@ -42,6 +51,7 @@ from seal.core.config import DiagnosisConfig, InterfaceConfig, SealConfig
 from seal.core.controller import SealController
 from seal.core.curriculum import draw_batch
 from seal.core.record import EpisodeRecord, record_columns
+from seal.core.weights import PAPER_WEIGHTS
 
 SKILLS = (vocab.INVALID_TOOL_CALL, vocab.ARGUMENT_MISMATCH, vocab.STATE_MISMATCH, vocab.RECOVERY_FAILURE,
           vocab.MISSING_TOOL_CALL, vocab.RESPONSE_MISMATCH)
@@ -51,14 +61,17 @@ RESPONSIVENESS = {vocab.INVALID_TOOL_CALL: 1.0, vocab.ARGUMENT_MISMATCH: 0.8, vo
 INITIAL_LOGIT = {vocab.INVALID_TOOL_CALL: 0.0, vocab.ARGUMENT_MISMATCH: 0.5, vocab.STATE_MISMATCH: 1.0,
                  vocab.RECOVERY_FAILURE: 1.5, vocab.MISSING_TOOL_CALL: 0.5, vocab.RESPONSE_MISMATCH: 2.0}
 
+VANILLA = "vanilla GRPO"
 VARIANTS = {
-    "vanilla GRPO": dict(apatch=False),
+    VANILLA: dict(apatch=False),
     "per-task weights (slime)": dict(apatch=False, task_weights="slime"),
     "SEAL": dict(),
+    "SEAL, step size matched": dict(match_step=True),
     "SEAL + adaptive rho": dict(rho="adaptive"),
-    "SEAL + adaptive rho (eta 10)": dict(rho="adaptive", rho_rate=10.0),
     "SEAL + curriculum": dict(curriculum=True),
 }
+# the table with responsiveness drawn independently of rho: the A-Patch comparison only
+RANDOM_ETA_VARIANTS = (VANILLA, "SEAL", "SEAL, step size matched")
 
 
 @dataclass
@@ -105,14 +118,19 @@ def grpo(rewards: np.ndarray, group: int) -> np.ndarray:
     return ((r - r.mean(axis=1, keepdims=True)) / (std + 1e-6)).reshape(-1)
 
 
+def random_responsiveness(seed: int) -> np.ndarray:
+    """Each skill's responsiveness drawn uniformly from [0.05, 1.0], independently of rho and of the other skills."""
+    return np.random.default_rng(2000 + seed).uniform(0.05, 1.0, size=len(SKILLS))
+
+
 def run(variant: dict, seed: int, steps: int, num_tasks: int, batch: int, group: int, lr: float,
-        target: float) -> dict:
+        target: float, eta: np.ndarray | None = None, probe: int = 20) -> dict:
     from verl import DataProto
 
     rng = np.random.default_rng(seed)
     world = make_world(np.random.default_rng(1000 + seed), num_tasks)
     theta = np.array([INITIAL_LOGIT[s] for s in SKILLS]) - 1.0
-    eta = np.array([RESPONSIVENESS[s] for s in SKILLS])
+    eta = np.array([RESPONSIVENESS[s] for s in SKILLS]) if eta is None else eta
     controller = controller_for(variant)
     steps_per_epoch = num_tasks // batch
     order: list[int] = []
@@ -147,6 +165,8 @@ def run(variant: dict, seed: int, steps: int, num_tasks: int, batch: int, group:
             non_tensors=record_columns(records))  # the columns both engines' batches carry
         controller.reweight(data, step)
         scaled = data.batch["advantages"][:, 0].numpy().astype(np.float64)
+        if variant.get("match_step") and np.abs(scaled).mean() > 0:
+            scaled *= np.abs(adv).mean() / np.abs(scaled).mean()  # vanilla GRPO's mean |A| this step
         grad = np.zeros(len(SKILLS))
         for a, (t, passed, p) in zip(scaled, rows, strict=True):
             np.add.at(grad, world.skills[t], a * (passed.astype(float) - p))
@@ -157,40 +177,71 @@ def run(variant: dict, seed: int, steps: int, num_tasks: int, batch: int, group:
         curve.append(acc)
         if reached is None and acc >= target:
             reached = step
-    return {"final": curve[-1], "reached": reached, "samples": samples}
+    return {"final": curve[-1], "probe": curve[probe - 1], "reached": reached, "samples": samples}
+
+
+def interval(values: list[float]) -> str:
+    """Mean and half-width of its 95% interval (Student t over the seeds)."""
+    n = len(values)
+    mean = statistics.mean(values)
+    if n < 2:
+        return f"{mean:.3f}"
+    half = stats.t.ppf(0.975, n - 1) * statistics.stdev(values) / math.sqrt(n)
+    return f"{mean:.3f} ± {half:.3f}"
+
+
+def table(names: list[str], args: argparse.Namespace, random_eta: bool) -> None:
+    print(f"| variant | steps to target (median; reached) | accuracy at step {args.probe} | final accuracy "
+          f"| Δ vs vanilla at step {args.probe} (paired) | Δ final (paired) | failed-turn samples per type |")
+    print("|---|---|---|---|---|---|---|")
+    results: dict[str, list[dict]] = {}
+    for name in names:
+        results[name] = [run(VARIANTS[name], seed, args.steps, args.tasks, args.batch, args.group, args.lr,
+                             args.target, random_responsiveness(seed) if random_eta else None, args.probe)
+                         for seed in range(args.seeds)]
+    base = results[VANILLA]
+    for name, rs in results.items():
+        reached = [r["reached"] for r in rs if r["reached"] is not None]
+        median = f"{statistics.median(reached):.0f}" if len(reached) * 2 > len(rs) else f"> {args.steps}"
+        total = sum((r["samples"] for r in rs), Counter())
+        per_type = " / ".join(f"{total[s] / len(rs):.0f}" for s in SKILLS)
+        if name == VANILLA:
+            d_probe = d_final = "–"
+        else:
+            d_probe = interval([r["probe"] - b["probe"] for r, b in zip(rs, base, strict=True)])
+            d_final = interval([r["final"] - b["final"] for r, b in zip(rs, base, strict=True)])
+        print(f"| {name} | {median} ({len(reached)}/{len(rs)}) | {interval([r['probe'] for r in rs])} "
+              f"| {interval([r['final'] for r in rs])} | {d_probe} | {d_final} | {per_type} |")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=80)
+    ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--probe", type=int, default=20, help="step whose accuracy is compared mid-learning")
     ap.add_argument("--tasks", type=int, default=64)
     ap.add_argument("--batch", type=int, default=16, help="tasks per step")
     ap.add_argument("--group", type=int, default=8, help="rollouts per task")
     ap.add_argument("--lr", type=float, default=2.0)
     ap.add_argument("--target", type=float, default=0.5, help="accuracy for the steps-to-target column")
     args = ap.parse_args(argv)
+    if not 1 <= args.probe <= args.steps:
+        ap.error("--probe must lie in [1, --steps]")
     start = accuracy(np.array([INITIAL_LOGIT[s] for s in SKILLS]) - 1.0,
                      make_world(np.random.default_rng(1000), args.tasks))
+    rho = [PAPER_WEIGHTS[s] for s in SKILLS]
+    built_in = [RESPONSIVENESS[s] for s in SKILLS]
     print(f"SIMULATION (synthetic learner, not an LLM): {args.tasks} tasks, {args.batch} tasks x {args.group} "
           f"rollouts per step, {args.steps} steps, seeds 0..{args.seeds - 1}; accuracy at step 0 (seed 0): "
-          f"{start:.3f}; target {args.target}")
-    short = {s: s.split("_")[0][:4] for s in SKILLS}
-    header = ("| variant | steps to target (median; reached) | final accuracy (mean ± sd) | failed-turn samples per "
-              "type (" + ", ".join(f"{short[s]}=η{RESPONSIVENESS[s]}" for s in SKILLS) + ") |")
-    print(header)
-    print("|---|---|---|---|")
-    for name, variant in VARIANTS.items():
-        results = [run(variant, seed, args.steps, args.tasks, args.batch, args.group, args.lr, args.target)
-                   for seed in range(args.seeds)]
-        finals = [r["final"] for r in results]
-        reached = [r["reached"] for r in results if r["reached"] is not None]
-        median = f"{statistics.median(reached):.0f}" if len(reached) * 2 > len(results) else f"> {args.steps}"
-        total = sum((r["samples"] for r in results), Counter())
-        per_type = " / ".join(f"{total[s] / len(results):.0f}" for s in SKILLS)
-        sd = statistics.stdev(finals) if len(finals) > 1 else math.nan
-        print(f"| {name} | {median} ({len(reached)}/{len(results)}) | {statistics.mean(finals):.3f} ± {sd:.3f} "
-              f"| {per_type} |")
+          f"{start:.3f}; target {args.target}; mean ± 95% interval over seeds")
+    print(f"\nBuilt-in responsiveness ({', '.join(f'{s}={RESPONSIVENESS[s]}' for s in SKILLS)}); Spearman "
+          f"correlation with the static rho table: {stats.spearmanr(built_in, rho).statistic:.2f}")
+    table(list(VARIANTS), args, random_eta=False)
+    draws = [random_responsiveness(seed) for seed in range(args.seeds)]
+    rhos = [stats.spearmanr(d, rho).statistic for d in draws]
+    print(f"\nResponsiveness drawn per seed, uniform in [0.05, 1.0] and independent of rho (Spearman with rho: "
+          f"{interval(rhos)})")
+    table(list(RANDOM_ETA_VARIANTS), args, random_eta=True)
     return 0
 
 

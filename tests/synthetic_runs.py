@@ -71,6 +71,10 @@ def eval_records(
     return records
 
 
+BFCL_V4_SUBCATEGORIES = {"memory": ("memory_kv", "memory_rec_sum", "memory_vector"),
+                         "web_search": ("web_search_base", "web_search_no_snippet")}
+
+
 def summary_of(
     correct: Mapping[str, int], n: int | Mapping[str, int] = 100, split: str = "eval"
 ) -> dict[str, Any]:
@@ -87,6 +91,9 @@ def summary_of(
     if set(correct) == set(CATEGORIES):
         accuracy["average"] = sum(accuracy[c] for c in CATEGORIES) / 4
         stderr["average"] = math.sqrt(sum(stderr[c] ** 2 for c in CATEGORIES)) / 4
+    # a complete BFCL V4 run: every one of BFCL's sub-categories of a key (here all at the key's accuracy)
+    breakdown = {sub: {"accuracy": accuracy[key]} for key, subs in BFCL_V4_SUBCATEGORIES.items() if key in accuracy
+                 for sub in subs}
     return {
         "policy": "synthetic",
         "split": split,
@@ -94,6 +101,7 @@ def summary_of(
         "accuracy": accuracy,
         "stderr": stderr,
         "count": count,
+        **({"breakdown": breakdown} if breakdown else {}),
         "tag_counts": {},
         "label_counts": {},
         "wall_s": 0.0,

@@ -18,8 +18,9 @@ behaviour with the persistence fixed (docs/release_behaviour.md §10.4):
       w      = (1 − β) · w + β · target
 
   ``pass`` stays at its base weight, the excluded harness tags at 1.0; a tag absent from the profile
-  moves towards its base weight. A profile without any non-harness occurrence keeps the weights
-  (the release resets them to the base table: ``reset_on_empty``).
+  moves towards its base weight. A profile without any non-harness occurrence keeps the weights. The
+  release (``reset_on_empty``) returns the base table for that one step and does not store it: the next
+  step's moving average resumes from the weights before (docs/release_behaviour.md §10.2).
 * Persistence: ``state_dict`` / ``load_state_dict`` and ``save`` / ``load`` (JSON). The state is saved
   with every checkpoint, windows included, and loading is explicit: a file written by another run
   (different ``run_id``) is refused unless ``force=True``.
@@ -74,7 +75,7 @@ class DynamicWeightConfig:
     reset_on_empty: bool = knob(
         False, source="ours",
         help="a profile with no non-harness tag (e.g. a window of checker_error only): false keeps the previous "
-             "weights; true = the release, back to the base table")
+             "weights; true = the release, the base table for that step only (the moving average is kept)")
 
     RELEASE_OR_DEFAULT_FIELDS = ("ema_beta", "prevalence_alpha", "confidence_samples")
 
@@ -123,13 +124,14 @@ def next_dynamic_weights(
     profile: FailureProfile,
     cfg: DynamicWeightConfig,
 ) -> dict[str, float]:
-    """One EMA step of the dynamic tag weights (module docstring). Pure.
+    """One EMA step of the stored dynamic tag weights (module docstring). Pure.
 
-    With an empty profile (no non-excluded occurrence) the weights stay where they are, or, with
-    ``cfg.reset_on_empty`` (the release), go back to the base table.
+    With an empty profile (no non-excluded occurrence) the stored weights stay where they are, whatever
+    ``cfg.reset_on_empty`` says: that switch changes only the weights one step uses
+    (``CapabilityState.update_dynamic_weights``), never the moving average.
     """
     if profile.total_count == 0:
-        return dict(base) if cfg.reset_on_empty else dict(previous)
+        return dict(previous)
     out: dict[str, float] = {}
     for tag in sorted(set(base) | set(previous) | set(profile.tags) | EXCLUDED_TAGS):
         b = base.get(tag, 1.0)
@@ -189,7 +191,8 @@ class CapabilityState:
         self.run_id = run_id
         self._total = _empty_buckets()
         self._window = _empty_buckets()
-        self._weights = dict(self.base_weights)
+        self._weights = dict(self.base_weights)  # the moving average (stored, persisted)
+        self._step_weights: dict[str, float] | None = None  # this step's weights where they differ from it
         self._task_info: dict[str, dict[str, Any]] = {}
         self.observe_count = 0  # trajectories observed
         self.last_step: int | None = None
@@ -262,8 +265,9 @@ class CapabilityState:
     # ------------------------------------------------------------------ weights
     @property
     def dynamic_weights(self) -> dict[str, float]:
-        """The current tag weights (the base table until the first update, or when dynamics are off)."""
-        return dict(self._weights)
+        """The tag weights of the current step, those A-Patch uses (the base table until the first update, or
+        when dynamics are off)."""
+        return dict(self._weights if self._step_weights is None else self._step_weights)
 
     def profile(self, source: str = "window") -> FailureProfile:
         """C_t (``seal.core.profile.failure_profile``)."""
@@ -275,12 +279,19 @@ class CapabilityState:
         self.base_weights = dict(weights)
         if not self.config.enable:
             self._weights = dict(weights)
+            self._step_weights = None
 
     def update_dynamic_weights(self) -> dict[str, float]:
-        """One EMA step from the window profile (total when the window is empty); returns the weights."""
+        """One EMA step from the window profile (total when the window is empty); returns this step's weights.
+
+        ``reset_on_empty`` (the release): a profile without non-harness evidence makes this step use the base
+        table, while the stored moving average stays as it was for the next step."""
         if self.config.enable:
-            self._weights = next_dynamic_weights(self._weights, self.base_weights, self.profile("window"), self.config)
-        return dict(self._weights)
+            profile = self.profile("window")
+            self._weights = next_dynamic_weights(self._weights, self.base_weights, profile, self.config)
+            reset = self.config.reset_on_empty and profile.total_count == 0
+            self._step_weights = dict(self.base_weights) if reset else None
+        return self.dynamic_weights
 
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> dict[str, Any]:
@@ -338,6 +349,7 @@ class CapabilityState:
             raise ValueError("capability state has non-finite statistics")
         self._total, self._window = total, window
         self._weights = weights
+        self._step_weights = None
         self._task_info = {k: {**v, "dominant_tags": dict(v["dominant_tags"])} for k, v in state["tasks"].items()}
         self.observe_count = int(state["observe_count"])
         self.last_step = state.get("last_step")
@@ -368,6 +380,6 @@ class CapabilityState:
         n = sum(v[0] for v in window_tags.values())
         for tag, v in sorted(window_tags.items()):
             out[f"{p}window/tag_frac/{tag}"] = v[0] / n
-        for tag, w in sorted(self._weights.items()):
+        for tag, w in sorted(self.dynamic_weights.items()):
             out[f"{p}weight/{tag}"] = w
         return out

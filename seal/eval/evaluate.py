@@ -33,6 +33,7 @@ from env_service.rules import DEFAULT_RULES, DESCRIPTIONS, OFFICIAL, RELEASE, RU
 from env_service.vocab import CATEGORIES
 from seal.eval.policies import Policy, PolicyError, PolicyOptions, ground_truth_steps, parse_policy
 from seal.eval.results import (
+    CHECKER_RAISED,
     CONTEXT_ERROR,
     HELD_IN_HEADERS,
     HELD_IN_METRICS,
@@ -225,15 +226,23 @@ def error_notes(records: Sequence[dict[str, Any]]) -> list[str]:
     """Name the errored tasks (any note with "errored" makes the command exit 1), those whose first prompt did
     not fit the context separately: that is a setup fault, not the model's."""
     failed = [r["task_id"] for r in records if r["error"]]
+    # reported, never hidden: the service's own cross-check of the verdict found a disagreement (a harness issue)
+    inconsistent = [r["task_id"] for r in records if r.get("consistent_with_turns") is False]
+    disagree = [f"{len(inconsistent)} task(s) whose BFCL verdict disagrees with their per-turn diagnosis (a harness "
+                f"issue, docs/diagnosis.md): {_shown(inconsistent)}"] if inconsistent else []
     if not failed:
-        return []
+        return disagree
     notes = [f"{len(failed)} task(s) errored and count as failures: {_shown(failed)}"]
+    raised = [r["task_id"] for r in records if CHECKER_RAISED in (r["error"] or "")]
+    if raised:
+        notes.append(f"{len(raised)} task(s) errored inside BFCL's checker (a harness failure, not the model's "
+                     f"0): {_shown(raised)}")
     unfit = [r["task_id"] for r in records if (r["error"] or "").startswith(CONTEXT_ERROR)]
     if unfit:
         notes.append(f"{len(unfit)} task(s) errored before any model call, their first prompt does not fit the "
                      f"context window (raise the server's context, or --max-model-len up to the model's own): "
                      f"{_shown(unfit)}")
-    return notes
+    return notes + disagree
 
 
 def _shown(task_ids: Sequence[str]) -> str:
@@ -583,7 +592,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    "retries included (default 900); a one-slot server (llama.cpp's default) queues concurrent "
                    "calls: give --concurrency 1, or a deadline that covers the queue")
     p.add_argument("--device", default=None, help="hf: torch device (default cuda if available, else cpu)")
-    p.add_argument("--dtype", default="auto", help="hf: torch dtype (auto, bfloat16, float32, ...)")
+    p.add_argument("--dtype", default="auto", help="hf and vllm: model dtype (auto: the backend's default; bfloat16, "
+                   "float32, ...)")
     p.add_argument("--hf-batch-size", type=int, default=32, help="hf: model calls of concurrent episodes "
                    "generated together (default 32; 1 = one at a time, bit-for-bit independent of concurrency)")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm: tensor parallel size")

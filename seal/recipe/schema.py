@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from env_service.rules import RULES
 from seal.core.config import SealConfig
 from seal.core.config_parsing import field_problems, knob
+from seal.rollout.types import RolloutLimits
 
 ENGINES = ("verl", "local")
 DTYPES = ("bfloat16", "float16", "float32")
@@ -310,4 +311,34 @@ class Recipe:
         adaptive = getattr(self.seal, "adaptive", None)  # None when the seal section could not be built
         if adaptive is not None and adaptive.task_unsolved_rate > adaptive.task_solved_rate:
             problems.append("seal.adaptive.task_unsolved_rate must be <= seal.adaptive.task_solved_rate")
-        return problems
+        return problems + rollout_limit_problems(self)
+
+
+def rollout_limit_problems(recipe: Recipe) -> list[str]:
+    """The episode's length rules (`seal.rollout.types.RolloutLimits`), checked when the recipe loads so that a
+    recipe that loads never fails at its first episode inside a worker. Nothing when a section it reads could
+    not be built (its knob problems are reported instead)."""
+    try:
+        return _rollout_limit_problems(recipe)
+    except (AttributeError, TypeError):
+        return []
+
+
+def _rollout_limit_problems(recipe: Recipe) -> list[str]:
+    r, problems = recipe.rollout, []
+    if r.max_tokens_per_call >= r.max_model_len:
+        problems.append("rollout.max_tokens_per_call must be < rollout.max_model_len (a model call needs room "
+                        "for its prompt)")
+    if r.max_observation_tokens is not None and r.max_observation_tokens <= 200:
+        problems.append("rollout.max_observation_tokens must be > 200, or null for no cut (the cut keeps a "
+                        "100-token margin)")
+    if problems or field_problems(recipe.rollout) or field_problems(recipe.data):
+        return problems  # the knob checks already name what is wrong
+    try:  # any further rule of the limits the engines build from these knobs (seal.recipe.derived)
+        RolloutLimits(max_prompt_length=recipe.data.max_prompt_length,
+                      max_response_length=recipe.data.max_response_length, max_model_len=r.max_model_len,
+                      max_tokens_per_call=r.max_tokens_per_call, max_model_calls=r.max_model_calls,
+                      max_observation_tokens=r.max_observation_tokens)
+    except ValueError as exc:
+        problems.append(f"data.max_*_length / rollout.max_*: {exc}")
+    return problems

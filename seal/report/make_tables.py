@@ -61,6 +61,12 @@ def main(argv: list[str] | None = None) -> int:
         help="show tau2 runs that differ from the paper's protocol (code, task set, user simulator, ...), "
         "labelled with what differs and without a delta; refused otherwise",
     )
+    parser.add_argument(
+        "--allow-partial-bfcl-v4",
+        action="store_true",
+        help="show BFCL V4 keys that average only some of BFCL's sub-categories (e.g. memory from one backend), "
+        "labelled and without a delta; refused otherwise",
+    )
     parser.add_argument("--allow-mismatched", action="store_true", help="render held-in rows evaluated on other "
                         "tasks than the paper's column (another split, a task subset), labelled and without deltas "
                         "(refused otherwise)")
@@ -78,11 +84,13 @@ def main(argv: list[str] | None = None) -> int:
         held_in_dirs = tables.held_in_mapping(held_in_pairs)
         held_in = tables.load_held_in(held_in_dirs, allow_mismatched=args.allow_mismatched)
         ood_dirs = tables.ood_mapping(ood_pairs)
-        ood = tables.load_ood(ood_dirs, allow_noncomparable_tau2=args.allow_noncomparable_tau2)
+        ood = tables.load_ood(ood_dirs, allow_noncomparable_tau2=args.allow_noncomparable_tau2,
+                              allow_partial_bfcl_v4=args.allow_partial_bfcl_v4)
         selected = [name.strip() for name in args.tables.split(",") if name.strip()]
         markdown = tables.render_tables(held_in, ood, selected, rules=tables.held_in_rules(held_in_dirs),
                                         held_in_labels=tables.held_in_mismatches(held_in_dirs),
-                                        ood_caveats=tables.tau2_caveats(ood_dirs))
+                                        ood_caveats=tables.tau2_caveats(ood_dirs),
+                                        bfcl_v4_caveats=tables.bfcl_v4_caveats(ood_dirs))
     except (OSError, ValueError, yaml.YAMLError) as exc:
         print(f"make_tables: error: {exc}", file=sys.stderr)
         return 2

@@ -28,6 +28,24 @@ from seal.report.paper_numbers import Row
 OOD_PARTS: tuple[str, ...] = tuple(part for parts in pn.OOD_SUITES.values() for part in parts)
 # τ² columns: placed beside the paper's only for runs under the paper's τ² protocol (seal.eval.tau2.PAPER)
 TAU2_METRICS: tuple[str, ...] = (pn.TAU2_AVERAGE, *pn.OOD_SUITES[pn.TAU2_AVERAGE])
+BFCL_V4_PARTS: Mapping[str, tuple[str, ...]] = {
+    "memory": ("memory_kv", "memory_rec_sum", "memory_vector"),
+    "web_search": ("web_search_base", "web_search_no_snippet"),
+}
+BFCL_V4_HARNESS = "seal.eval.ood (BFCL's FC-runner rules)"
+
+
+@dataclass(frozen=True)
+class CaveatGroup:
+    """Rows whose `metrics` were not measured as the paper measured them (why, per row), for one suite."""
+
+    suite: str
+    rows: Mapping[Row, Sequence[str]]
+    metrics: Sequence[str] | Mapping[Row, Sequence[str]]  # the same columns for every row, or per row
+
+    def covers(self, row: Row, metric: str) -> bool:
+        metrics = self.metrics.get(row, ()) if isinstance(self.metrics, Mapping) else self.metrics
+        return row in self.rows and metric in metrics
 NOT_COMPARABLE = "n/c"
 
 
@@ -159,14 +177,18 @@ def row_label(row: Row) -> str:
 def render_table(spec: TableSpec, ours: Mapping[Row, Mapping[str, Estimate]],
                  caveats: Mapping[Row, Sequence[str]] | None = None,
                  caveat_metrics: Sequence[str] = (),
-                 labels: Mapping[Row, str] | None = None) -> str:
+                 labels: Mapping[Row, str] | None = None,
+                 more_caveats: Sequence[CaveatGroup] = ()) -> str:
     """A markdown table: per metric, our estimate, the paper's number and the delta.
 
     `caveats`: rows whose `caveat_metrics` were not measured as the paper measured them (why, per row): those
     rows are marked ``†``, their Δ in those columns reads ``n/c`` (not comparable), and a footnote says why.
     `labels`: rows whose whole evaluation differs from the column (``held_in_mismatches``), named after the row,
-    without deltas."""
-    caveats = {row: list(why) for row, why in (caveats or {}).items() if why}
+    without deltas. `more_caveats`: further suites' groups, rendered alike (``caveats`` is the τ² group)."""
+    groups = [CaveatGroup("τ²", caveats or {}, caveat_metrics), *more_caveats]
+    groups = [CaveatGroup(g.suite, {row: list(why) for row, why in g.rows.items() if why}, g.metrics)
+              for g in groups]
+    caveats = {row: True for g in groups for row in g.rows}
     header = ["Model / training"]
     for metric in spec.metrics:
         name = spec.headers[metric]
@@ -183,7 +205,7 @@ def render_table(spec: TableSpec, ours: Mapping[Row, Mapping[str, Estimate]],
         for metric in spec.metrics:
             estimate = mine.get(metric)
             paper_value = theirs.get(metric)
-            apart = row in caveats and metric in caveat_metrics and estimate is not None
+            apart = estimate is not None and any(g.covers(row, metric) for g in groups)
             cells += [
                 format_estimate(estimate),
                 format_percent(paper_value),
@@ -193,8 +215,8 @@ def render_table(spec: TableSpec, ours: Mapping[Row, Mapping[str, Estimate]],
         lines.append("| " + " | ".join(cells) + " |")
     if caveats:
         lines.append("")
-        lines += [f"† {row_label(row)}: τ² not run under the paper's protocol, so not comparable with the paper's "
-                  f"column ({'; '.join(why)})." for row, why in caveats.items()]
+        lines += [f"† {row_label(row)}: {g.suite} not run under the paper's protocol, so not comparable with the "
+                  f"paper's column ({'; '.join(why)})." for g in groups for row, why in g.rows.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -251,14 +273,16 @@ def render_tables(
     rules: str | None = None,
     ood_caveats: Mapping[Row, Sequence[str]] | None = None,
     held_in_labels: Mapping[Row, str] | None = None,
+    bfcl_v4_caveats: Mapping[Row, Sequence[str]] | None = None,
 ) -> str:
     """All requested tables as one markdown document (held-in also lists the reference points).
 
     ``rules``: the rules profile of the held-in evaluations (``held_in_rules``), named under the title so a
     reader knows whether a figure is BFCL's own number or the training environment's. ``ood_caveats``: rows
     whose τ² numbers differ from the paper's protocol (:func:`tau2_caveats`), labelled in the OOD table.
-    ``held_in_labels``: held-in rows rendered although their evaluation differs from the column
-    (``held_in_mismatches``)."""
+    ``bfcl_v4_caveats``: rows whose BFCL V4 numbers cover only some of BFCL's sub-categories
+    (:func:`bfcl_v4_caveats`). ``held_in_labels``: held-in rows rendered although their evaluation differs from
+    the column (``held_in_mismatches``)."""
     unknown = [t for t in tables if t not in TABLES]
     if unknown:
         raise ValueError(f"unknown tables {unknown}; expected some of {TABLES}")
@@ -273,7 +297,11 @@ def render_tables(
     if "held_in" in tables:
         parts += [render_table(held_in_spec(), held_in, labels=held_in_labels), render_reference_points()]
     if "ood" in tables:
-        parts.append(render_table(ood_spec(), ood, ood_caveats, TAU2_METRICS))
+        # a partial key's column and the BFCL V4 average over it (each reason begins with its key)
+        partial = {row: [pn.BFCL_V4_AVERAGE, *(why.split(":", 1)[0] for why in reasons)]
+                   for row, reasons in (bfcl_v4_caveats or {}).items()}
+        v4 = CaveatGroup("BFCL V4", bfcl_v4_caveats or {}, partial)
+        parts.append(render_table(ood_spec(), ood, ood_caveats, TAU2_METRICS, more_caveats=[v4]))
     if "ablation" in tables:
         parts.append(render_table(ablation_spec(), held_in, labels=held_in_labels))
     return "\n".join(parts)
@@ -346,6 +374,31 @@ def tau2_differences(summary: Mapping[str, Any]) -> list[str] | None:
     return protocol_differences(summary.get("tau2"))
 
 
+def bfcl_v4_differences(summary: Mapping[str, Any]) -> list[str]:
+    """How an OOD summary's BFCL V4 numbers differ from the paper's: a key that averages only some of BFCL's
+    sub-categories (``breakdown``), e.g. memory from a subset of its backends. Empty when complete or absent."""
+    accuracy = summary.get("accuracy") or {}
+    present = set(summary.get("breakdown") or {})
+    out = []
+    for key, parts in BFCL_V4_PARTS.items():
+        if key in accuracy and not set(parts) <= present:
+            have = [p for p in parts if p in present]
+            out.append(f"{key}: the mean of {', '.join(have) or 'no recorded sub-category'} only, "
+                       f"not of {', '.join(parts)} (harness {BFCL_V4_HARNESS})")
+    return out
+
+
+def bfcl_v4_caveats(mapping: Mapping[str, Sequence[str | Path]]) -> dict[Row, list[str]]:
+    """Row -> how its BFCL V4 numbers differ from the paper's, for rows with partial BFCL V4 keys."""
+    out: dict[Row, list[str]] = {}
+    for key, directories in mapping.items():
+        for directory in directories:
+            differences = bfcl_v4_differences(read_summary(directory))
+            if differences:
+                out.setdefault(pn.parse_row(key), []).extend(differences)
+    return out
+
+
 def tau2_caveats(mapping: Mapping[str, Sequence[str | Path]]) -> dict[Row, list[str]]:
     """Row -> what differs from the paper's τ² protocol, for rows whose τ² run differs."""
     out: dict[Row, list[str]] = {}
@@ -358,11 +411,14 @@ def tau2_caveats(mapping: Mapping[str, Sequence[str | Path]]) -> dict[Row, list[
 
 
 def load_ood(mapping: Mapping[str, Sequence[str | Path]],
-             allow_noncomparable_tau2: bool = False) -> dict[Row, dict[str, Estimate]]:
+             allow_noncomparable_tau2: bool = False,
+             allow_partial_bfcl_v4: bool = False) -> dict[Row, dict[str, Estimate]]:
     """Row key -> OOD evaluation directories (e.g. a BFCL V4 and a τ² one), read into table estimates.
 
     A τ² run whose code, task set, split, trials, seed or user simulator differ from the paper's protocol is
-    refused unless `allow_noncomparable_tau2` (then render with :func:`tau2_caveats`, which labels it)."""
+    refused unless `allow_noncomparable_tau2` (then render with :func:`tau2_caveats`, which labels it); a BFCL V4
+    key averaging only some of BFCL's sub-categories (e.g. memory from one backend) unless
+    `allow_partial_bfcl_v4` (then render with :func:`bfcl_v4_caveats`)."""
     out: dict[Row, dict[str, Estimate]] = {}
     for key, directories in mapping.items():
         row = pn.parse_row(key)
@@ -375,6 +431,10 @@ def load_ood(mapping: Mapping[str, Sequence[str | Path]],
                 if differences and not allow_noncomparable_tau2:
                     raise ValueError("its τ² run is not comparable with the paper's (" + "; ".join(differences)
                                      + "); pass --allow-noncomparable-tau2 to show it labelled")
+                partial = bfcl_v4_differences(summary)
+                if partial and not allow_partial_bfcl_v4:
+                    raise ValueError("its BFCL V4 numbers are not comparable with the paper's ("
+                                     + "; ".join(partial) + "); pass --allow-partial-bfcl-v4 to show them labelled")
             out[row] = ood_estimates(summaries)
         except (OSError, ValueError) as exc:
             raise ValueError(f"row {row.key} ({', '.join(map(str, directories))}): {exc}") from None

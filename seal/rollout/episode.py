@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from env_service import vocab
 from env_service.protocol import CreateReply, EvaluateReply, StepReply
 from seal.core.record import EpisodeRecord
 from seal.rollout.client import EnvClientError, EnvProtocolError, EnvUnavailable
@@ -259,6 +260,14 @@ def grade(out: Rollout, result: EvaluateReply, reward_fn: RewardFn) -> None:
     out.paper_labels = list(result.paper_labels)
     out.completed = result.completed
     out.reward = float(reward_fn(out.eval_result))
+    if result.official.error_type == vocab.CHECKER_EXCEPTION:
+        # BFCL's checker raised: the verdict's 0 says nothing about the policy. Excluded (never trained on);
+        # evaluation counts the task as errored (seal.eval.results.record_from_rollout).
+        out.excluded, out.exclude_reason = True, vocab.CHECKER_ERROR
+        log.warning("episode of %s excluded: BFCL's checker raised: %s", out.task_id, result.official.error_message)
+    elif not result.official.consistent_with_turns:
+        log.warning("episode of %s: BFCL's verdict (valid=%s) disagrees with the per-turn diagnosis %s (a harness "
+                    "issue; docs/diagnosis.md)", out.task_id, result.official.valid, result.failure_tags)
 
 
 async def safe_delete(client: Any, episode_id: str) -> None:

@@ -36,6 +36,7 @@ import random
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from seal.rollout.calls import call_seed, settle, stop_token_ids
@@ -146,6 +147,45 @@ def vllm_cannot_run(path: str | os.PathLike, device_type: str) -> str | None:
     return None
 
 
+# --------------------------------------------------------------------------- one sampler
+def model_stop_token_ids(path: str | os.PathLike, tokenizer: Any) -> list[int]:
+    """`calls.stop_token_ids` of the model at `path` without loading its weights: the tokenizer's eos plus the
+    generation config's eos ids, read as the Hugging Face model reads them (its `generation_config.json`, else
+    the one derived from `config.json`). Evaluation's `vllm:` policy stops where training stops."""
+    from transformers import AutoConfig, GenerationConfig
+
+    try:
+        generation = GenerationConfig.from_pretrained(path)
+    except OSError:  # no generation_config.json: the model derives one from its config
+        generation = GenerationConfig.from_model_config(AutoConfig.from_pretrained(path))
+    return stop_token_ids(SimpleNamespace(generation_config=generation), tokenizer)
+
+
+def vllm_sampling(params: SamplingParams, prompt_len: int, stop_ids: Iterable[int]) -> Any:
+    """The `vllm.SamplingParams` of one model call, for training (`ColocatedVLLM`) and evaluation (the `vllm:`
+    policy) alike: the model's stop tokens (kept in the call's tokens, as sampled), the per-call seed of every
+    backend (`calls.call_seed`: the episode's seed and the prompt length, so each call of an episode draws anew;
+    none without an episode seed), the log-probability of each sampled token, no detokenising (token ids are
+    the output)."""
+    import vllm
+
+    seed = call_seed(params.seed, prompt_len) if params.seed is not None else None
+    return vllm.SamplingParams(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+                               max_tokens=params.max_tokens, seed=seed, logprobs=0,
+                               stop_token_ids=sorted({int(s) for s in stop_ids}), detokenize=False)
+
+
+def vllm_generation(completion: Any) -> Generation:
+    """A `Generation` from vLLM's completion of one call: its tokens as sampled, with their log-probabilities; a
+    finish reason other than stop or length (an abort) is an error, never read as a stop."""
+    ids = list(completion.token_ids)
+    if completion.finish_reason not in ("stop", "length"):
+        raise RuntimeError(f"vLLM ended a call with finish_reason {completion.finish_reason!r}")
+    logprobs = ([float(completion.logprobs[i][t].logprob) for i, t in enumerate(ids)]
+                if completion.logprobs is not None else None)
+    return Generation(ids, completion.finish_reason, logprobs)
+
+
 # --------------------------------------------------------------------------- the colocated engine
 @contextlib.contextmanager
 def _in_process() -> Iterator[None]:
@@ -228,22 +268,11 @@ class ColocatedVLLM:
         return await asyncio.wrap_future(future)
 
     def _sampling(self, prompt_ids: list[int], params: SamplingParams) -> Any:
-        import vllm
-
-        # The HF generator's per-call seed (episode seed and prompt length): each call of an episode draws anew.
-        seed = call_seed(params.seed, len(prompt_ids)) if params.seed is not None else None
-        return vllm.SamplingParams(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
-                                   max_tokens=params.max_tokens, seed=seed, logprobs=0,
-                                   stop_token_ids=self.stop_ids, detokenize=False)
+        return vllm_sampling(params, len(prompt_ids), self.stop_ids)
 
     @staticmethod
     def _generation(output: Any) -> Generation:
-        completion = output.outputs[0]
-        ids = list(completion.token_ids)
-        if completion.finish_reason not in ("stop", "length"):
-            raise RuntimeError(f"vLLM ended a call with finish_reason {completion.finish_reason!r}")
-        logprobs = [float(completion.logprobs[i][t].logprob) for i, t in enumerate(ids)]
-        return Generation(ids, completion.finish_reason, logprobs)
+        return vllm_generation(output.outputs[0])
 
     # ---- the worker
     def _serve(self) -> None:

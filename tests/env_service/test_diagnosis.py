@@ -57,7 +57,8 @@ LABEL_CASES = [
     ("multi_turn_base_2", [call("mkdir", dir_name="elsewhere")], vocab.STATE_MISMATCH, vocab.STATE_MISMATCH),
     # an error the model never repaired (cd into a missing folder), the turn fails
     ("multi_turn_base_25", [call("cd", folder="nope")], vocab.RESPONSE_MISMATCH, vocab.RECOVERY_FAILURE),
-    ("multi_turn_base_2", [call("cd", folder="nope")], vocab.STATE_MISMATCH, vocab.RECOVERY_FAILURE),
+    # the right function (the ground truth's cd) with a wrong argument that errors: argument_mismatch, as for cat
+    ("multi_turn_base_2", [call("cd", folder="nope")], vocab.STATE_MISMATCH, vocab.ARGUMENT_MISMATCH),
     ("multi_turn_base_25", [], vocab.EMPTY_TURN, vocab.MISSING_TOOL_CALL),
     # a state-changing call skipped after the first right call: the turn's own transition is wrong, so both
     # state_mismatch and missing_tool_call apply, and the paper's priority puts state_mismatch first
@@ -107,7 +108,7 @@ def test_later_turns_that_never_recover_from_error_feedback_are_recovery_failure
     # exactly the ground truth's own calls, so their own replay passes, but the damage stays
     turns = [[call("cd", folder="nope")]] + [gt_turn(task_id, i) for i in range(1, n)]
     result = grade(task_id, turns)
-    assert result["paper_labels"][0] == vocab.RECOVERY_FAILURE
+    assert result["paper_labels"][0] == vocab.ARGUMENT_MISMATCH  # the ground truth's cd, a wrong folder
     failing_later = [i for i in range(1, n) if result["failure_tags"][i] != vocab.PASS]
     assert failing_later
     for i in range(1, n):

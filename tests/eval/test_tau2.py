@@ -28,6 +28,9 @@ def paper_run(**changes) -> dict:
                     for d, files in tau2.PAPER.task_files.items()},
         "task_split": "base", "num_trials": 4, "seed": 300,
         "user_simulator": {"model": "gpt-4.1", "api_base": None, "temperature": 0.0},
+        "agent": {"model": "policy", "api_base": "http://127.0.0.1:8000/v1", "temperature": 0.0,
+                  "policy": "vllm:/ckpt", "serve_flags": list(tau2.VLLM_SERVE_FLAGS)},
+        "max_concurrency": 1,
     }
     run.update(changes)
     return run
@@ -193,3 +196,24 @@ def test_tau2_end_to_end_through_the_real_package(tmp_path, capsys):
     # and the table renderer will not put it beside the paper's row
     with pytest.raises(ValueError, match="not comparable"):
         tables.load_ood({"qwen7b+seal": [out]})
+
+
+def test_protocol_check_covers_the_agent_temperature_serving_flags_and_concurrency():
+    # what the authors did, written from docs/evaluation.md (τ²): agent at temperature 0, vLLM's OpenAI server
+    # with the hermes tool parser, vLLM's generation defaults and a 32,768-token context, one simulation at a time
+    served = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--generation-config", "vllm",
+              "--max-model-len", "32768"]
+    assert tau2.protocol_differences(paper_run(agent={"temperature": 0.0, "serve_flags": served})) == []
+    warm = paper_run(agent={"temperature": 0.7, "serve_flags": served})
+    assert tau2.protocol_differences(warm) == ["agent temperature: 0.7 (paper: 0)"]
+    other = paper_run(agent={"temperature": 0.0, "serve_flags": [*served, "--max-num-seqs", "4"]})
+    assert tau2.protocol_differences(other)[0].startswith("agent serving flags: ")
+    elsewhere = paper_run(agent={"temperature": 0.0, "serve_flags": None})  # an openai: endpoint we cannot see
+    assert tau2.protocol_differences(elsewhere)[0].startswith("agent serving: not recorded")
+    assert tau2.protocol_differences(paper_run(max_concurrency=8)) == ["max_concurrency: 8 (paper: 1)"]
+    assert tau2.Tau2Config.__dataclass_fields__["max_concurrency"].default == 1  # the default is the protocol
+
+
+def test_the_install_hint_gives_upstream_as_a_path():
+    # scripts/install_tau2.sh installs upstream from the checkout TAU2_UPSTREAM names (pip install -e "$TAU2_UPSTREAM")
+    assert "TAU2_UPSTREAM=/path/to/tau2-bench" in tau2.INSTALL_HINT and "TAU2_UPSTREAM=1" not in tau2.INSTALL_HINT

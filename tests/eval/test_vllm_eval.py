@@ -161,3 +161,60 @@ def test_openai_policy_against_vllm_serve_with_and_without_a_tool_parser(smollm2
         for proc in procs.values():
             _stop(proc)
     assert transcripts[None] == transcripts["hermes"]
+
+
+def test_training_and_evaluation_sample_the_same_tokens_at_temperature_0(smollm2, service_url, no_leftovers):
+    """One sampler (seal.rollout.vllm_generation.vllm_sampling): at temperature 0 the local engine's vLLM
+    generation (`ColocatedVLLM`, as `rollout.backend: vllm` builds it, with validation's seeded greedy params) and
+    `seal-eval --policy vllm:` (its policy and episode driver) produce the same token ids for every call of one
+    multi-call episode. Same limits and the same dtype on both sides (on CPU the local engine's vLLM computes in
+    float32, the actor's dtype, so evaluation runs with `--dtype float32`): what is compared is the sampler. The
+    engines are built one after the other, each closed before the next starts."""
+    import asyncio
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from seal.eval.policies import PolicyOptions, parse_policy
+    from seal.rollout.client import EnvClient
+    from seal.rollout.episode import play_episode, run_episode
+    from seal.rollout.types import RolloutLimits, SamplingParams
+    from seal.rollout.vllm_generation import colocated_vllm
+    from tests.helpers import sampled_spans
+
+    # three calls of 24 tokens in a 4,096-token window: enough for a multi-call episode, cheap on two cores
+    limits = RolloutLimits(max_prompt_length=4000, max_model_len=4096, max_tokens_per_call=24,
+                           max_response_length=4096, max_model_calls=3)
+
+    async def training() -> list[list[int]]:
+        tokenizer = AutoTokenizer.from_pretrained(str(smollm2))
+        model = AutoModelForCausalLM.from_pretrained(str(smollm2), dtype=torch.float32)
+        vllm = colocated_vllm(smollm2, model, tokenizer, "cpu", max_model_len=limits.max_model_len, max_num_seqs=2,
+                              seed=1)
+        try:
+            async with EnvClient(service_url) as client:
+                # the local engine's validation: greedy, with an episode seed
+                r = await run_episode(client, vllm, tokenizer, TASK, "eval",
+                                      params=SamplingParams(temperature=0.0, top_p=1.0, top_k=-1, seed=11),
+                                      limits=limits)
+        finally:
+            vllm.close()
+        assert not r.excluded, r.exclude_reason
+        return sampled_spans(r.response_ids, r.response_mask)
+
+    async def evaluation() -> list[list[int]]:
+        policy = parse_policy(f"vllm:{smollm2}", PolicyOptions(max_model_len=limits.max_model_len, dtype="float32",
+                                                               max_tokens_per_call=limits.max_tokens_per_call))
+        try:
+            async with EnvClient(service_url) as client:
+                r = await play_episode(client, policy.episode_turns(TASK, limits), TASK, "eval",
+                                       max_model_calls=limits.max_model_calls)
+        finally:
+            await policy.aclose()
+        assert not r.excluded, r.exclude_reason
+        return sampled_spans(r.response_ids, r.response_mask)
+
+    trained = asyncio.run(training())
+    evaluated = asyncio.run(evaluation())
+    assert len(trained) >= 2  # a multi-call episode
+    assert evaluated == trained

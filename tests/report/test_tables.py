@@ -288,3 +288,22 @@ def test_rows_from_another_split_or_a_subset_are_refused_unless_labelled(tmp_pat
     # The paper's own 400-task evaluation is accepted as before.
     ok = write_eval_dir(tmp_path / "ok", COUNTS, results=False)
     assert tables.held_in_mismatch(results.read_summary(ok)) is None
+
+
+def test_a_partial_bfcl_v4_memory_row_is_refused_or_marked(tmp_path: Path) -> None:
+    v4 = write_eval_dir(tmp_path / "v4", {"web_search": 20, "memory": 45}, {"web_search": 200, "memory": 150},
+                        results=False, split="bfcl_v4")
+    summary = json.loads((v4 / "summary.json").read_text())
+    del summary["breakdown"]["memory_rec_sum"], summary["breakdown"]["memory_vector"]  # memory from kv alone
+    (v4 / "summary.json").write_text(json.dumps(summary))
+    mapping = {"Qwen2.5-7B-Instruct+SEAL": [v4]}
+    with pytest.raises(ValueError, match="memory: the mean of memory_kv only"):
+        tables.load_ood(mapping)
+    ood = tables.load_ood(mapping, allow_partial_bfcl_v4=True)
+    markdown = tables.render_tables({}, ood, ["ood"], bfcl_v4_caveats=tables.bfcl_v4_caveats(mapping))
+    cells = cells_by_header(markdown, "Out-of-distribution", "Qwen2.5-7B-Instruct + SEAL †")
+    assert cells["Memory (ours)"] == "30.00 ± 3.74" and cells["Memory Δ"] == "n/c"
+    assert cells["BFCL V4 Avg Δ"] == "n/c"  # an average over a partial memory score is not the paper's either
+    assert cells["Web Search Δ"] == "+0.50"  # web search covered both of its sub-categories: comparable
+    assert "† Qwen2.5-7B-Instruct + SEAL: BFCL V4 not run under the paper's protocol" in markdown
+    assert "memory_kv only" in markdown and "harness seal.eval.ood" in markdown
