@@ -390,7 +390,9 @@ def _start_service(config: ServiceConfig) -> Service:
 def create_app(config: ServiceConfig | None = None) -> Gate:
     config = config or ServiceConfig()
     service = _start_service(config)
-    app = FastAPI(title="SEAL BFCL environment service", lifespan=_lifespan(service), docs_url=None, redoc_url=None)
+    # Only the routes of the protocol table (ROUTES): no generated schema or docs pages.
+    app = FastAPI(title="SEAL BFCL environment service", lifespan=_lifespan(service), docs_url=None, redoc_url=None,
+                  openapi_url=None)
     app.state.service = service
     _add_error_handlers(app)
     app.include_router(service_router)

@@ -118,7 +118,6 @@ check_verl_version(str(getattr(verl, "__version__", "unknown")), os.environ.get(
 
 # Imported after the check: on another version these may fail in less readable ways.
 import transfer_queue as tq  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
 from verl.protocol import DataProto  # noqa: E402
 from verl.trainer.ppo.ray_trainer import apply_kl_penalty  # noqa: E402
@@ -402,8 +401,8 @@ class TrainerAdapter(PPOTrainerSync):
     def _load_checkpoint(self) -> None:
         folder = self._checkpoint_to_load()
         if folder is not None:  # checked before verl unpickles anything in it
-            log.info("%s", check_checkpoint(folder, trust=bool(OmegaConf.select(
-                self.config, "seal.recipe." + TRUST_KNOB, default=False))))
+            trainer = self.config.get("seal", {}).get("recipe", {}).get("trainer", {})
+            log.info("%s", check_checkpoint(folder, trust=bool(trainer.get(TRUST_KNOB.split(".")[1], False))))
         super()._load_checkpoint()
         if self.global_steps <= 0:
             return
