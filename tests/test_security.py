@@ -343,3 +343,48 @@ def test_bfcl_project_root_is_private_to_the_user(tmp_path, monkeypatch):
     assert root.stat().st_mode & 0o777 == 0o700
     monkeypatch.setenv("BFCL_PROJECT_ROOT", str(tmp_path / "mine"))
     assert process.bfcl_project_root() == tmp_path / "mine"  # the user's choice wins
+
+
+# --- 6. the τ² vLLM server ---------------------------------------------------------------------------------
+
+# Stands in for vLLM's OpenAI server (starting the real one takes minutes on CPU; tests/eval/test_vllm_eval.py
+# runs it in the slow tier): like `vllm serve` with VLLM_API_KEY set, it answers /v1/models only with the key.
+KEYED_SERVER = """
+import os, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+key = os.environ["VLLM_API_KEY"]
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+    def do_GET(self):
+        ok = self.headers.get("Authorization") == f"Bearer {key}"
+        self.send_response(200 if ok else 401)
+        self.end_headers()
+        self.wfile.write(b'{"data": []}' if ok else b'{"error": "unauthorized"}')
+HTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+"""
+
+
+def test_tau2_vllm_server_gets_a_per_run_key_and_needs_no_path(tmp_path, monkeypatch):
+    import sys
+    import urllib.error
+    import urllib.request
+
+    from seal.eval import tau2
+
+    commands = []
+
+    def command(checkpoint, port, extra=()):
+        commands.append(cmd := [sys.executable, "-c", KEYED_SERVER, str(port)])
+        return cmd
+
+    monkeypatch.setattr(tau2, "vllm_serve_command", command)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no `vllm` (nor anything else) on PATH
+    config = tau2.Tau2Config(domains=["retail"], policy="vllm:runs/x/ckpt", out=tmp_path)
+    with tau2.served_policy(config, tmp_path) as endpoint:
+        key = endpoint.api_key
+        assert len(key) >= 24 and endpoint.litellm()[1]["api_key"] == key
+        assert not any(key in part for part in commands[0])  # not on the command line every user can read
+        with pytest.raises(urllib.error.HTTPError, match="401"):
+            urllib.request.urlopen(f"{endpoint.api_base}/models", timeout=5)  # without the key: refused
+        assert redact.scrub(f"key={key}") == "key=[redacted TAU2_VLLM_SERVER_KEY]"

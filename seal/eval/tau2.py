@@ -258,7 +258,7 @@ def served_policy(config: Tau2Config, log_dir: Path):
     # A key of this run's own: other users of the machine reach the loopback port too. Given in the server's
     # environment (VLLM_API_KEY), not its command line, which every user can read.
     key = secrets.token_urlsafe(24)
-    register_value("the tau2 vLLM server's key", key)
+    register_value("TAU2_VLLM_SERVER_KEY", key)
     log_dir.mkdir(parents=True, exist_ok=True)
     with open(log_dir / "vllm_serve.log", "w", encoding="utf-8") as log:
         proc = subprocess.Popen(vllm_serve_command(checkpoint, port, config.vllm_args), stdout=log,
