@@ -1,12 +1,9 @@
-import os
-import tempfile
 
 import pytest
 
-# bfcl_eval writes folders under BFCL_PROJECT_ROOT at import time; keep them out of the checkout.
-os.environ.setdefault("BFCL_PROJECT_ROOT", os.path.join(tempfile.gettempdir(), "seal_bfcl_root"))
-
-from env_service.process import running_service  # noqa: E402
+# bfcl_eval writes folders under BFCL_PROJECT_ROOT at import time: the user's private default
+# (env_service.process.bfcl_project_root) unless the environment names one.
+from env_service.process import running_service
 
 
 @pytest.fixture(scope="session")

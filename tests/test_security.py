@@ -336,7 +336,8 @@ def test_launcher_refuses_training_on_the_eval_split(tmp_path, capsys):
 def test_bfcl_project_root_is_private_to_the_user(tmp_path, monkeypatch):
     from env_service import process
 
-    monkeypatch.delenv("BFCL_PROJECT_ROOT", raising=False)
+    monkeypatch.setenv("BFCL_PROJECT_ROOT", "recorded")  # so that teardown restores the variable as it was
+    monkeypatch.delenv("BFCL_PROJECT_ROOT")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     root = process.bfcl_project_root()
     assert root == tmp_path / "cache" / "seal" / "bfcl_root" and os.environ["BFCL_PROJECT_ROOT"] == str(root)
