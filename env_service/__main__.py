@@ -49,6 +49,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-episodes", type=int, default=20_000)
     p.add_argument("--split-file", default=None)
     p.add_argument(
+        "--allow-train-on-eval",
+        action="store_true",
+        help="open training episodes on eval-split tasks (refused by default: 403 eval_task_in_training)",
+    )
+    p.add_argument(
         "--token",
         default=os.environ.get(TOKEN_ENV) or None,
         help=f"require 'Authorization: Bearer <token>' (default: ${TOKEN_ENV}; required off loopback)",
@@ -100,6 +105,7 @@ def main(argv: list[str] | None = None) -> None:
         token=args.token,
         split_file=args.split_file,
         eval_rules=args.eval_rules,
+        allow_train_on_eval=args.allow_train_on_eval,
     )
     app = create_app(config)
     print(f"env_service: serving {args.host}:{args.port}", file=sys.stderr, flush=True)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import hmac
 import logging
 import os
 import re
@@ -86,19 +87,26 @@ def _parse(model: type[M], body: bytes) -> M:
         raise ApiError("invalid_request", detail) from None
 
 
+def bearer_ok(header: bytes | None, token: bytes) -> bool:
+    """Whether an ``Authorization`` header carries `token`: the scheme matched without regard to case (RFC 7235),
+    the credentials compared in constant time (no timing tells how much of a guess was right)."""
+    scheme, _, credentials = (header or b"").partition(b" ")
+    return scheme.lower() == b"bearer" and hmac.compare_digest(credentials.strip(), token)
+
+
 class Gate:
     """Pure ASGI middleware (cheap, unlike Starlette's ``BaseHTTPMiddleware``): the optional bearer token
     (401) and the body size limit (413, refused before the handler reads the whole body)."""
 
     def __init__(self, app, limit: int, token: str | None) -> None:
         self.app, self.limit = app, limit
-        self.authorization = f"Bearer {token}".encode() if token else None
+        self.token = token.encode() if token else None
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
-        if self.authorization and scope["path"] != "/healthz" and headers.get(b"authorization") != self.authorization:
+        if self.token and scope["path"] != "/healthz" and not bearer_ok(headers.get(b"authorization"), self.token):
             return await _error(401, "unauthorized", "missing or wrong bearer token")(scope, receive, send)
         length = headers.get(b"content-length")
         too_big = _error(413, "body_too_large", f"request body exceeds {self.limit} bytes")
@@ -129,12 +137,13 @@ class Service:
     store: EpisodeStore
     pool: WorkerPool | InProcessPool
     counters: dict[str, int] = field(default_factory=lambda: {"created": 0, "evaluated": 0, "deleted": 0})
+    eval_ids: frozenset[str] = frozenset()  # the eval split: training episodes on these are refused
     process: psutil.Process = field(default_factory=lambda: psutil.Process(os.getpid()))
 
     def episode(self, episode_id: str) -> Handle:
         episode = self.store.get(episode_id)
         if episode is None:
-            raise ApiError("unknown_episode", f"no open episode {episode_id!r} (finished, deleted or expired)")
+            raise ApiError("unknown_episode", f"no open episode {echo(episode_id)} (finished, deleted or expired)")
         return episode
 
     async def make_room(self) -> None:
@@ -145,6 +154,13 @@ class Service:
             await self.pool.drop(handle)
         if self.store.full():
             raise ApiError("too_many_episodes", f"{len(self.store)} episodes open; delete finished ones")
+
+
+def echo(value: str) -> str:
+    """A client-sent id as an error message quotes it: cut to ``protocol.ECHO_CHARS`` (an id of any length
+    may arrive in a path; the reply never grows with it)."""
+    text = repr(value)
+    return text if len(value) <= p.ECHO_CHARS else f"{repr(value[:p.ECHO_CHARS])}... ({len(value)} characters)"
 
 
 def _service(request: Request) -> Service:
@@ -179,8 +195,10 @@ async def replay(task_id: str, request: Request) -> Response:
     # Training tasks only: a held-out task's ground truth never leaves the service (the evaluation harness's
     # own ground-truth self-check reads it in its own process).
     service = _service(request)
+    if len(task_id) > p.MAX_TASK_ID_CHARS:
+        raise ApiError("invalid_request", f"task_id: longer than {p.MAX_TASK_ID_CHARS} characters")
     if task_id not in service.tasks:
-        raise ApiError("unknown_task", f"no task {task_id!r}")
+        raise ApiError("unknown_task", f"no task {echo(task_id)}")
     if task_id not in service.split["train"]:
         raise ApiError("held_out_task", f"{task_id} is not a training task; its ground truth is not served")
     return _reply(p.ReplayReply, {"task_id": task_id, "ground_truth": ground_truth_replies(task_id),
@@ -225,7 +243,7 @@ def _new_episode_id(req: p.CreateRequest, store: EpisodeStore) -> str:
     if not EPISODE_ID.match(episode_id):
         raise ApiError("invalid_episode_id", "episode_id must match [A-Za-z0-9_.-]{1,128}")
     if episode_id in store:
-        raise ApiError("episode_exists", f"episode {episode_id!r} already exists")
+        raise ApiError("episode_exists", f"episode {echo(episode_id)} already exists")
     return episode_id
 
 
@@ -233,7 +251,12 @@ def _new_handle(req: p.CreateRequest, service: Service) -> Handle:
     """Validate a create request against the service (the checks in the protocol's order) into a handle."""
     task = service.tasks.get(req.task_id)
     if task is None:
-        raise ApiError("unknown_task", f"no task {req.task_id!r}")
+        raise ApiError("unknown_task", f"no task {echo(req.task_id)}")
+    if req.mode == "train" and task.id in service.eval_ids and not service.config.allow_train_on_eval:
+        # Training on a held-out task would let the trainer read its per-turn verdicts and ground-truth call
+        # counts (/evaluate) and learn it: held-in accuracy would then measure memorized tasks.
+        raise ApiError("eval_task_in_training", f"{task.id} is in the eval split; training episodes on it are "
+                       "refused (the service's --allow-train-on-eval allows them, for research)")
     rules = _episode_rules(req, service.config)
     try:
         interface = iface.parse_interface(req.interface)
@@ -298,7 +321,7 @@ async def delete_episode(episode_id: str, request: Request) -> Response:
     service = _service(request)
     handle = service.store.get(episode_id)
     if handle is None or not service.store.remove(episode_id):
-        raise ApiError("unknown_episode", f"no open episode {episode_id!r}")
+        raise ApiError("unknown_episode", f"no open episode {echo(episode_id)}")
     await service.pool.drop(handle)
     service.counters["deleted"] += 1
     return Response(status_code=204)
@@ -361,13 +384,15 @@ def _start_service(config: ServiceConfig) -> Service:
     gc.collect()
     gc.freeze()
     pool = WorkerPool(config.workers, tasks, config.episode) if config.workers else InProcessPool(tasks, config.episode)
-    return Service(config, tasks, split, store, pool)
+    return Service(config, tasks, split, store, pool, eval_ids=frozenset(split["eval"]))
 
 
 def create_app(config: ServiceConfig | None = None) -> Gate:
     config = config or ServiceConfig()
     service = _start_service(config)
-    app = FastAPI(title="SEAL BFCL environment service", lifespan=_lifespan(service), docs_url=None, redoc_url=None)
+    # Only the routes of the protocol table (ROUTES): no generated schema or docs pages.
+    app = FastAPI(title="SEAL BFCL environment service", lifespan=_lifespan(service), docs_url=None, redoc_url=None,
+                  openapi_url=None)
     app.state.service = service
     _add_error_handlers(app)
     app.include_router(service_router)

@@ -1,38 +1,36 @@
 """The one place that imports ``bfcl_eval`` (BFCL's package: data, executable classes, checker).
 
 ``bfcl_eval`` writes ``result/``, ``score/`` and ``.file_locks/`` folders under ``BFCL_PROJECT_ROOT`` at import
-time (default: inside site-packages), so we point it at a scratch directory before the first import unless the
-user already chose one. Everything else in the project gets BFCL through this module.
+time (default: inside site-packages), so we point it at a folder private to this user before the first import
+unless the user already chose one (``env_service.process.bfcl_project_root``). Everything else in the project
+gets BFCL through this module.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
-if not os.environ.get("BFCL_PROJECT_ROOT"):
-    _root = Path(tempfile.gettempdir()) / "seal_bfcl_root"
-    _root.mkdir(parents=True, exist_ok=True)
-    os.environ["BFCL_PROJECT_ROOT"] = str(_root)
+from env_service.process import bfcl_project_root
 
-import bfcl_eval
-from bfcl_eval.constants.default_prompts import (
+bfcl_project_root()
+
+import bfcl_eval  # noqa: E402
+from bfcl_eval.constants.default_prompts import (  # noqa: E402
     DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING,
     MAXIMUM_STEP_LIMIT,
 )
-from bfcl_eval.constants.executable_backend_config import (
+from bfcl_eval.constants.executable_backend_config import (  # noqa: E402
     CLASS_FILE_PATH_MAPPING,
     MULTI_TURN_FUNC_DOC_FILE_MAPPING,
     STATELESS_CLASSES,
 )
-from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
-from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import (
+from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils  # noqa: E402
+from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import (  # noqa: E402
     multi_turn_checker,
     response_checker,
     state_checker,
 )
-from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import (
+from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import (  # noqa: E402
     execute_multi_turn_func_call,
     is_empty_execute_response,
 )

@@ -53,3 +53,6 @@ class ServiceConfig:
     max_connections: int = 512
     header_timeout_s: float = 10.0  # a request's headers and body must arrive within this (ours)
     eval_rules: str = "release"  # rules of eval-mode episodes that name none (env_service.rules)
+    # Training episodes on eval-split tasks: refused (403 eval_task_in_training) unless this is set, for research
+    # that trains on held-out tasks on purpose (the recipe's data.allow_eval_overlap sets it). (ours)
+    allow_train_on_eval: bool = False

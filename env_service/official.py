@@ -157,6 +157,23 @@ def _first_non_finite(value: Any) -> str | None:
     return None
 
 
+# BFCL evals the call string; CPython's tokenizer refuses 200 nested brackets with "SyntaxError: too many
+# nested parentheses". Below this many levels of lists and objects a call string always parses, so only deeper
+# arguments pay for the parse that finds out.
+PARSE_CHECK_DEPTH = 100
+
+
+def _nesting(value: Any) -> int:
+    """Levels of lists and objects in a decoded JSON value (iterative: the value may be thousands deep)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, (list, dict)):
+            deepest = max(deepest, level)
+            stack.extend((child, level + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
 def _source(name: Any, arguments: dict[str, Any]) -> str:
     # BFCL's layout of a decoded call (comma without a space); used only to name the error it would raise.
     return f"{name}({','.join(f'{k}={v!r}' for k, v in arguments.items())})"
@@ -167,20 +184,26 @@ def failure_text(name: Any, arguments: dict[str, Any], known: bool) -> str | Non
 
     `known`: `name` is a method of the task's classes. Mirrors BFCL's order: the refused names first, then
     Python's own errors for the call string (syntax, the callee, then the arguments in order)."""
-    source = _source(name, arguments)
+    try:
+        source = _source(name, arguments)
+    except RecursionError as exc:  # deeper than repr goes; BFCL could not even write the call string
+        return f"{ERROR_PREFIX}RecursionError: {exc}"
     head = source.split("(")[0]
     if "." in head:
         head = head.split(".")[1]
     if head in BFCL_FORBIDDEN_NAMES:
         return f"{ERROR_PREFIX}Function call {head} is not allowed."
-    if known and all(is_valid_argument_name(k) for k in arguments) and _first_non_finite(arguments) is None:
+    runnable = known and all(is_valid_argument_name(k) for k in arguments) and _first_non_finite(arguments) is None
+    if runnable and _nesting(arguments) < PARSE_CHECK_DEPTH:
         return None
     try:
         tree = ast.parse(source, filename="<string>", mode="eval")
-    except SyntaxError as exc:
+    except SyntaxError as exc:  # e.g. nested too deeply for BFCL's eval
         return f"{ERROR_PREFIX}{exc}"
     except (ValueError, RecursionError, MemoryError) as exc:
         return f"{ERROR_PREFIX}{type(exc).__name__}: {exc}"
+    if runnable:
+        return None
     callee = tree.body.func if isinstance(tree.body, ast.Call) else tree.body
     if not known:
         root = callee

@@ -52,6 +52,7 @@ ERROR_STATUS: dict[str, int] = {
     "interface_in_eval": 400,  # an evaluation episode was sent an interface
     "unauthorized": 401,  # missing or wrong bearer token
     "held_out_task": 403,  # GET /tasks/{id}/replay names a task outside the training split
+    "eval_task_in_training": 403,  # POST /episodes in train mode on an eval-split task (service flag allows it)
     "not_found": 404,  # no such route
     "unknown_task": 404,  # POST /episodes names no task
     "unknown_episode": 404,  # the episode is finished and deleted, expired, or never existed
@@ -334,6 +335,8 @@ TOKEN_ENV = "SEAL_ENV_TOKEN"
 
 Mode = Literal["train", "eval"]
 EPISODE_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,128}$"
+MAX_TASK_ID_CHARS = 200  # a task id longer than this is refused (422) wherever it is sent
+ECHO_CHARS = 64  # an error message quotes at most this much of a client-sent id
 
 
 class StepLimitSpec(_Request):
@@ -352,7 +355,7 @@ class CreateRequest(_Request):
     (``EPISODE_ID_PATTERN``, code ``invalid_episode_id``), so a bad id has its own code.
     """
 
-    task_id: str = Field(max_length=200)
+    task_id: str = Field(max_length=MAX_TASK_ID_CHARS)
     mode: Mode = "train"
     interface: dict[str, Any] | None = None
     episode_id: str | None = None
@@ -521,6 +524,7 @@ class EvaluateReply(_Reply):
 ROUTES: dict[str, tuple[type[BaseModel] | None, type[BaseModel] | None, int]] = {
     "GET /healthz": (None, HealthReply, 200),
     "GET /tasks": (None, TasksReply, 200),
+    "GET /tasks/{task_id}/replay": (None, ReplayReply, 200),
     "GET /stats": (None, StatsReply, 200),
     "POST /episodes": (CreateRequest, CreateReply, 201),
     "POST /episodes/{episode_id}/step": (StepRequest, StepReply, 200),

@@ -21,13 +21,11 @@ import asyncio
 import json
 import os
 import sys
-import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-os.environ.setdefault("BFCL_PROJECT_ROOT", os.path.join(tempfile.gettempdir(), "seal_bfcl_root"))
 
 import psutil  # noqa: E402
 

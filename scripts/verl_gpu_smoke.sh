@@ -18,7 +18,6 @@ PORT=${PORT:-8092}
 RUN_ROOT=${RUN_ROOT:-runs/_smoke}
 SMOKE_RESUME=${SMOKE_RESUME:-0}
 RUN_DIR="$RUN_ROOT/verl_smoke"
-export BFCL_PROJECT_ROOT=${BFCL_PROJECT_ROOT:-/tmp/seal_bfcl_root}
 
 python - "$MODEL" <<'EOF'
 import importlib.util, sys

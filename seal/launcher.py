@@ -99,7 +99,6 @@ def run_env_service(cfg: Recipe, run: RunDir) -> Iterator[Recipe]:
     started there when `env.start_service` (and then stopped at the end)."""
     from seal.recipe import env_service_args
 
-    os.environ.setdefault("BFCL_PROJECT_ROOT", str(REPO / "runs" / ".bfcl_root"))
     urls = [str(u) for u in cfg.env.urls]
     if not urls:
         log.info("starting the run's own env service on a free loopback port (log: %s)", run.env_service_log)
@@ -122,6 +121,31 @@ def run_env_service(cfg: Recipe, run: RunDir) -> Iterator[Recipe]:
         yield cfg
 
 
+def untrusted_inputs(cfg: Recipe) -> str | None:
+    """Why the run must not start, or None: training data that overlaps the eval split (unless
+    `data.allow_eval_overlap`), or a verl checkpoint to resume from that no run of this user signed (unless
+    `trainer.trust_checkpoint`; verl unpickles it). Checked before any service, Ray or model starts; the
+    adapter checks the checkpoint's file hashes again just before verl loads it."""
+    from seal.engines.checkpoint_trust import UntrustedCheckpoint, check_checkpoint
+    from seal.engines.data import eval_overlap
+
+    d = cfg.data
+    overlap = eval_overlap(d.train_files, d.max_train_tasks, d.train_task_ids)
+    if overlap and not d.allow_eval_overlap:
+        return (f"data.train_files {d.train_files} holds {len(overlap)} task(s) of the eval split "
+                f"(data/bfcl_split.json), e.g. {', '.join(overlap[:5])}: held-in accuracy would be measured on "
+                "trained tasks. Train on the training split, or set data.allow_eval_overlap=true if you mean it")
+    if cfg.engine == "verl" and cfg.trainer.resume not in ("auto", "disable"):
+        folder = os.path.realpath(os.path.expanduser(cfg.trainer.resume))
+        if not os.path.isdir(folder):
+            return None  # the engine names a missing checkpoint directory itself
+        try:
+            log.info("%s", check_checkpoint(folder, cfg.trainer.trust_checkpoint, hash_files=False))
+        except UntrustedCheckpoint as exc:
+            return f"trainer.resume={cfg.trainer.resume}: {exc}"
+    return None
+
+
 def _raise_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)  # unwinds through the finally blocks that stop the service
 
@@ -138,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg = with_data_files(load_config(_recipe_file(args.conf), recipe_overrides))
     except ConfigError as exc:
         print(f"launcher: {exc}", file=sys.stderr)
+        return 2
+    refused = untrusted_inputs(cfg)
+    if refused:
+        print(f"launcher: {refused}", file=sys.stderr)
         return 2
     if verl_overrides and cfg.engine != "verl":
         print(f"launcher: verl.* overrides {verl_overrides} need engine: verl (the recipe says {cfg.engine!r})",

@@ -41,13 +41,17 @@ CONSOLE_KEYS = (
 
 
 def setup_console_logging(level: str | int = "INFO") -> None:
-    """Plain `time level name: message` lines on stderr (idempotent)."""
+    """Plain `time level name: message` lines on stderr (idempotent), every line and everything printed
+    scrubbed of secrets (`seal.redact.guard_output`)."""
+    from seal.redact import guard_output
+
     root = logging.getLogger()
     if not any(getattr(h, "_seal", False) for h in root.handlers):
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
         handler._seal = True  # type: ignore[attr-defined]
         root.addHandler(handler)
+    guard_output()
     root.setLevel(level if isinstance(level, int) else level.upper())
     for noisy in ("httpx", "httpcore", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

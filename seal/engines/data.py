@@ -109,3 +109,14 @@ def write_subset(path: str | os.PathLike[str], n: int | None, out: Path, ids: Se
     out.parent.mkdir(parents=True, exist_ok=True)
     frame.iloc[rows].reset_index(drop=True).to_parquet(out)
     return str(out)
+
+
+def eval_overlap(train_files: str | os.PathLike[str], limit: int | None = None, ids: Sequence[str] | None = None,
+                 split_file: str | os.PathLike[str] | None = None) -> list[str]:
+    """The tasks a run would train on (`train_files` subset as `load_tasks` subsets it) that belong to the eval
+    split of `split_file` (default ``data/bfcl_split.json``): held-in accuracy measured on them would be
+    accuracy on tasks the policy trained on."""
+    from env_service.tasks import load_split
+
+    held_out = set(load_split(None if split_file is None else str(split_file))["eval"])
+    return [t.task_id for t in load_tasks(train_files, limit, ids) if t.task_id in held_out]

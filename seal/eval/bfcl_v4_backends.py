@@ -12,7 +12,9 @@ module for a subclass that (1) sends requests to a configurable base URL (SerpAP
 point it at a loopback stand-in), (2) lets BFCL retry a 429 with BFCL's own back-off at most
 ``SERPAPI_MAX_ATTEMPTS`` times in a row and then stops the run, and (3) stops the run when SerpAPI rejects the
 key, where BFCL would show the model "Failed to retrieve the search results" on every search and score the
-whole category as the model's failures.
+whole category as the model's failures. (4) A request that fails (no connection, DNS, timeout) raises an error
+whose text names only the failure's kind: the request's own error text carries the URL with ``api_key`` in
+its query string, and BFCL hands ``str(e)`` to the model as the search result.
 """
 
 from __future__ import annotations
@@ -160,6 +162,8 @@ def check_web_search() -> None:
 
 def _bounded_client(base: type, url: str, max_attempts: int) -> type:
     """A subclass of BFCL's ``GoogleSearch`` with our base URL, timeout and retry bound (module docstring)."""
+    import requests  # google-search-results' own HTTP client
+
     state = threading.local()  # consecutive 429s of the search in progress on this thread
 
     class BoundedSerpApi(base):  # type: ignore[misc, valid-type]
@@ -171,7 +175,14 @@ def _bounded_client(base: type, url: str, max_attempts: int) -> type:
 
         def get_dict(self) -> dict:
             self.params_dict["output"] = "json"
-            response = self.get_response()
+            try:
+                response = self.get_response()
+            except requests.RequestException as exc:
+                # The exception's text holds the request URL, query string and api_key included; BFCL returns
+                # str(e) to the model as the tool result. Only the exception's kind goes on (no URL: a port
+                # such as 14290 would read as a 429 to BFCL's retry test).
+                raise ConnectionError(f"SerpAPI request failed ({type(exc).__name__}); the search service "
+                                      "could not be reached") from None
             try:
                 payload = json.loads(response.text)
             except ValueError:

@@ -48,6 +48,7 @@ from seal.eval.results import (
     write_summary,
 )
 from seal.eval.stats import Estimate, format_estimate
+from seal.redact import guard_output
 from seal.rollout.client import EnvClient, EnvClientError
 from seal.rollout.episode import play_episode, run_all
 from seal.rollout.types import RolloutLimits
@@ -591,6 +592,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--call-deadline", type=float, default=900.0, help="openai: seconds one model call may take, "
                    "retries included (default 900); a one-slot server (llama.cpp's default) queues concurrent "
                    "calls: give --concurrency 1, or a deadline that covers the queue")
+    p.add_argument("--api-key-env", default=None, metavar="VAR", help="openai: send the value of environment "
+                   "variable VAR as the bearer key (default: no key; OPENAI_API_KEY is never sent unless named here)")
+    p.add_argument("--allow-key-over-http", action="store_true", help="openai: allow sending the key over plain "
+                   "http:// to a host that is not loopback (refused by default: anyone on the path reads it)")
     p.add_argument("--device", default=None, help="hf: torch device (default cuda if available, else cpu)")
     p.add_argument("--dtype", default="auto", help="hf and vllm: model dtype (auto: the backend's default; bfloat16, "
                    "float32, ...)")
@@ -639,10 +644,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return tau2.main(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    guard_output()  # no secret's value in what this command prints or logs
     options = PolicyOptions(max_tokens_per_call=args.max_tokens_per_call, max_model_len=args.max_model_len,
                             device=args.device, dtype=args.dtype, tensor_parallel_size=args.tensor_parallel_size,
                             gpu_memory_utilization=args.gpu_memory_utilization, hf_batch_size=args.hf_batch_size,
-                            call_deadline=args.call_deadline)
+                            call_deadline=args.call_deadline, api_key_env=args.api_key_env,
+                            key_over_http=args.allow_key_over_http)
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
     try:
         if args.benchmark:

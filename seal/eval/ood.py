@@ -58,6 +58,7 @@ from seal.eval.bfcl_v4_backends import (
 )
 from seal.eval.policies import EMPTY_REPLY, Agent, Message, Policy, PolicyError, PolicyOptions, parse_policy
 from seal.eval.results import ood_summary, write_eval_dir
+from seal.redact import scrub
 
 BENCHMARKS = ("bfcl_v4_memory", "bfcl_v4_web_search")  # τ²-bench: seal.eval.tau2 (its own environment)
 MEMORY_BACKENDS = ("kv", "rec_sum", "vector")
@@ -215,7 +216,8 @@ def _execute(executor: Any, calls: list[dict[str, Any]]) -> str:
         else:  # BFCL evaluates the call string, where an unknown name is a NameError
             result = f"{ERROR_PREFIX}name '{name}' is not defined"
         parts.append(tool_response(result))
-    return "".join(parts)
+    # A tool's text goes to the policy (maybe a remote server) and into results.jsonl: no secret's value in it.
+    return scrub("".join(parts))
 
 
 async def play(entry: AgenticEntry, agent: Agent, executor: Any) -> Conversation:

@@ -7,6 +7,8 @@ A policy is named by a spec string (``python -m seal.evaluate --policy SPEC``):
 - ``vllm:<path>``: the same on vLLM (GPU; imported only when used).
 - ``openai:<base_url>#<model>``: any OpenAI-compatible chat-completions server (e.g. ``vllm serve``). Text-level:
   the service's messages go to the server as they are, the reply text is what the environment steps with.
+  A bearer key is sent only when the user names its variable (``--api-key-env``), and never over plain http
+  to a host that is not loopback without ``--allow-key-over-http`` (:func:`openai_key`).
 - ``ground_truth``: harness self-check; replays each task's ground truth, one ``<tool_call>`` per step and a
   plain reply to end each turn.
 - ``empty``: harness self-check; always a plain reply (no tool call ever).
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 import os
@@ -36,6 +39,7 @@ import httpx
 
 from env_service.parser import format_tool_call
 from env_service.tasks import TURN_END_REPLY, ground_truth_replies
+from seal.redact import register_variable
 from seal.rollout.codec import ChatCodec, TemplateError
 from seal.rollout.episode import TokenTurns, Turns
 from seal.rollout.types import GenerateFn, Generation, Rollout, RolloutLimits, SamplingParams
@@ -290,8 +294,7 @@ class OpenAIChat:
         self.backoff = backoff
         self.call_deadline = call_deadline
         self.max_reply_bytes = max_reply_bytes
-        key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}  # no key unless one is given
         self._http = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(timeout, connect=10.0),
                                        transport=transport, limits=httpx.Limits(max_connections=512))
 
@@ -400,6 +403,8 @@ class PolicyOptions:
     gpu_memory_utilization: float = 0.85
     hf_batch_size: int = 32  # hf: model calls of concurrent episodes generated together (1 = one at a time)
     call_deadline: float = 900.0  # openai: seconds one model call may take, all its retries together
+    api_key_env: str | None = None  # openai: the variable whose value is the bearer key; None: no key is sent
+    key_over_http: bool = False  # openai: allow the key over plain http:// to a host that is not loopback
     openai_transport: httpx.AsyncBaseTransport | None = None  # tests
 
 
@@ -450,6 +455,33 @@ def check_model_tokenizer(tokenizer: Any, path: str) -> None:
                           "chat_template.jinja) before evaluating") from exc
 
 
+def openai_key(base_url: str, options: PolicyOptions) -> str | None:
+    """The bearer key an ``openai:`` policy sends: the value of the variable the user named
+    (``--api-key-env``), else none. Never sent in the clear (plain ``http://``) to a host that is not loopback,
+    unless ``key_over_http`` (``--allow-key-over-http``) says so."""
+    name = options.api_key_env
+    if not name:
+        return None
+    key = os.environ.get(name)
+    if not key:
+        raise PolicyError(f"--api-key-env {name}: the variable is not set or empty")
+    url = httpx.URL(base_url)
+    if url.scheme != "https" and not _loopback_host(url.host) and not options.key_over_http:
+        raise PolicyError(f"openai: refusing to send the key in ${name} over plain http to {url.host}: use "
+                          "https://, or pass --allow-key-over-http if the network path is yours")
+    register_variable(name)  # its value is scrubbed from results, logs and output from now on
+    return key
+
+
+def _loopback_host(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def parse_policy(spec: str, options: PolicyOptions | None = None) -> Policy:
     """Build the policy named by `spec` (see the module docstring); a bad spec raises `PolicyError`."""
     options = options or PolicyOptions()
@@ -495,7 +527,8 @@ def parse_policy(spec: str, options: PolicyOptions | None = None) -> Policy:
         if not hash_sep:
             raise PolicyError(f"openai policy needs openai:<base_url>#<model>, got {spec!r}")
         chat = OpenAIChat(base_url, model, max_tokens=options.max_tokens_per_call,
-                          transport=options.openai_transport, call_deadline=options.call_deadline)
+                          api_key=openai_key(base_url, options), transport=options.openai_transport,
+                          call_deadline=options.call_deadline)
         options = replace(options, max_model_len=options.max_model_len or RELEASE_MAX_MODEL_LEN)
         return Policy(spec, "text", lambda task_id: chat.complete, closers=[chat.aclose], options=options,
                       notes=[f"openai: greedy chat completions from {base_url} (model {model}); text-level "

@@ -53,6 +53,7 @@ from typing import Any
 
 from env_service.vocab import CATEGORIES, CHECKER_EXCEPTION, category_of
 from seal.eval.stats import Estimate, binomial_stderr, mean_estimate
+from seal.redact import scrub_data
 from seal.rollout.types import Rollout
 from seal.run_dir import RunDir
 
@@ -283,11 +284,12 @@ def ood_summary(records: Sequence[Mapping[str, Any]], split: str, policy: str, w
 def write_jsonl(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
     with open(path, "w", encoding="utf-8") as handle:
         for row in rows:
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+            handle.write(json.dumps(scrub_data(row), ensure_ascii=False) + "\n")
 
 
 def write_summary(out: Path, summary: Mapping[str, Any]) -> None:
-    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    text = json.dumps(scrub_data(summary), indent=2, ensure_ascii=False)
+    (out / SUMMARY_FILE).write_text(text + "\n", encoding="utf-8")
 
 
 def write_eval_dir(out: Path, records: Sequence[Mapping[str, Any]], summary: Mapping[str, Any],
@@ -322,7 +324,7 @@ class ResultsLog:
         self._handle = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - held for the whole evaluation
 
     def append(self, record: Mapping[str, Any]) -> None:
-        self._handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._handle.write(json.dumps(scrub_data(record), ensure_ascii=False) + "\n")
         self._handle.flush()
 
     def close(self) -> None:

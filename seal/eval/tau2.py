@@ -23,9 +23,11 @@ renderer (``seal.report.tables``) places a τ² row beside the paper's only when
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -39,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from seal.eval.results import AVERAGE, write_eval_dir
+from seal.redact import guard_output, register_value
 
 DOMAINS = ("retail", "airline", "telecom")
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -168,15 +171,18 @@ class Endpoint:
     model: str  # as the server names it
     api_base: str | None = None  # None: OpenAI's own API (key from OPENAI_API_KEY)
     temperature: float = 0.0
+    api_key: str = "EMPTY"  # custom servers: the key they require (a served checkpoint's per-run key)
 
     def litellm(self) -> tuple[str, dict[str, Any]]:
         """τ²'s ``--*-llm`` and ``--*-llm-args``. Custom servers get LiteLLM's OpenAI provider and a placeholder
-        key (LiteLLM insists on one; local servers ignore it); OpenAI itself gets the key from the environment,
-        so no secret lands in τ²'s results file, which records these arguments."""
+        key (LiteLLM insists on one; servers without a key ignore it), or the per-run key of a checkpoint this
+        command serves (:func:`served_policy`; τ²'s results file records it, and it opens nothing once the run's
+        loopback server is stopped); OpenAI itself gets the key from the environment, so no lasting secret lands
+        in τ²'s results file, which records these arguments."""
         args: dict[str, Any] = {"temperature": self.temperature}
         if self.api_base is None:
             return self.model, args
-        return f"openai/{self.model}", {**args, "api_base": self.api_base, "api_key": "EMPTY"}
+        return f"openai/{self.model}", {**args, "api_base": self.api_base, "api_key": self.api_key}
 
     def record(self) -> dict[str, Any]:
         return {"model": self.model, "api_base": self.api_base, "temperature": self.temperature}
@@ -221,6 +227,9 @@ def parse_endpoint_policy(spec: str, temperature: float) -> Endpoint:
 # --- serving a checkpoint ------------------------------------------------------------------------------
 
 
+VLLM_KEY_ENV = "VLLM_API_KEY"  # vLLM's OpenAI server requires this bearer key when the variable is set
+
+
 def vllm_serve_command(checkpoint: str, port: int, extra: Sequence[str] = ()) -> list[str]:
     """``vllm serve`` as the authors served the agent (:data:`VLLM_SERVE_FLAGS`), on a loopback port.
 
@@ -232,13 +241,16 @@ def vllm_serve_command(checkpoint: str, port: int, extra: Sequence[str] = ()) ->
             "--served-model-name", "policy", *VLLM_SERVE_FLAGS, *extra]
 
 
-def wait_for_models(base_url: str, deadline_s: float, proc: subprocess.Popen | None = None) -> None:
+def wait_for_models(base_url: str, deadline_s: float, proc: subprocess.Popen | None = None,
+                    api_key: str | None = None) -> None:
     stop = time.monotonic() + deadline_s
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     while time.monotonic() < stop:
         if proc is not None and proc.poll() is not None:
             raise Tau2Unavailable(f"the policy server exited with status {proc.returncode} before serving")
         try:
-            with urllib.request.urlopen(f"{base_url}/models", timeout=5) as answer:
+            with urllib.request.urlopen(urllib.request.Request(f"{base_url}/models", headers=headers),
+                                        timeout=5) as answer:
                 if answer.status == 200:
                     return
         except (urllib.error.URLError, OSError):
@@ -262,20 +274,25 @@ def served_policy(config: Tau2Config, log_dir: Path):
     if kind != "vllm":
         yield parse_endpoint_policy(config.policy, config.agent_temperature)
         return
-    if shutil.which("vllm") is None:
+    if importlib.util.find_spec("vllm") is None:  # run as a module of this interpreter: no PATH needed
         raise Tau2Unavailable("vllm: needs vLLM (pip install -e .[gpu] on a GPU node); or serve the checkpoint "
                               "yourself and pass --policy openai:<base_url>#<model>")
     from env_service.process import free_port, stop_process
 
     port = free_port()
+    # A key of this run's own: other users of the machine reach the loopback port too. Given in the server's
+    # environment (VLLM_API_KEY), not its command line, which every user can read.
+    key = secrets.token_urlsafe(24)
+    register_value("TAU2_VLLM_SERVER_KEY", key)
     log_dir.mkdir(parents=True, exist_ok=True)
     with open(log_dir / "vllm_serve.log", "w", encoding="utf-8") as log:
         proc = subprocess.Popen(vllm_serve_command(checkpoint, port, config.vllm_args), stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, VLLM_KEY_ENV: key})
         try:
             base = f"http://127.0.0.1:{port}/v1"
-            wait_for_models(base, 1800, proc)
-            yield Endpoint("policy", base, config.agent_temperature)
+            wait_for_models(base, 1800, proc, key)
+            yield Endpoint("policy", base, config.agent_temperature, api_key=key)
         finally:
             stop_process(proc, 60)
 
@@ -480,6 +497,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str]) -> int:
     args = parse_args(argv)
+    guard_output()  # no secret's value (OpenAI's key, the served checkpoint's key) in what this command prints
     domains = list(DOMAINS) if args.domain == "all" else [args.domain]
     name = args.policy.split("#")[-1].replace("/", "_").replace(":", "_").strip("_")
     config = Tau2Config(

@@ -64,6 +64,8 @@ def env_service_args(cfg: Recipe) -> list[str]:
         args.append("--release-reveal-note")
     if cfg.env.val_rules != "release":
         args += ["--eval-rules", cfg.env.val_rules]
+    if cfg.data.allow_eval_overlap:  # the run trains on eval-split tasks on purpose: its service must allow it
+        args.append("--allow-train-on-eval")
     return args
 
 

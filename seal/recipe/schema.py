@@ -153,6 +153,10 @@ class DataConfig:
                                                  "(instead of the round-robin rule; max_train_tasks still caps "
                                                  "the count); for smoke runs on chosen, e.g. short, tasks")
     val_task_ids: list[str] | None = knob(None, source="ours", help="validation tasks by id, as train_task_ids")
+    allow_eval_overlap: bool = knob(False, source="ours",
+                                    help="train on tasks of the eval split (refused by default: held-in accuracy "
+                                         "would then measure memorized tasks; also lets the run's env service "
+                                         "open training episodes on them)")
     max_prompt_length: int = knob(8192, source="paper", ge=1, help="prompt tokens")
     max_response_length: int = knob(4096, source="paper", ge=1, help="response tokens of a whole episode")
     shuffle: bool = knob(True, source="release", help="shuffle the training tasks every epoch")
@@ -257,6 +261,9 @@ class TrainerConfig:
                              help="metric sinks; wandb runs offline without WANDB_API_KEY")
     wandb_project: str = knob("seal", source="ours", help="wandb project name")
     resume: str = knob("auto", source="ours", help="auto | disable | <checkpoint dir>")
+    trust_checkpoint: bool = knob(False, source="ours",
+                                  help="verl engine: resume from a checkpoint without a manifest signed by this "
+                                       "user's runs (verl unpickles checkpoints: only for ones you know)")
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from types import SimpleNamespace
 
 import numpy as np
@@ -23,6 +24,7 @@ from verl.utils.tensordict_utils import assign_non_tensor_data, list_of_dict_to_
 import seal.engines.verl.adapter as VA  # noqa: E402
 import seal.engines.verl.trainer as VT  # noqa: E402
 from seal.core.record import EpisodeRecord  # noqa: E402
+from seal.engines.checkpoint_trust import MANIFEST_FILE, UntrustedCheckpoint  # noqa: E402
 from seal.engines.verl.agent_loop import FEED_KEY, EpisodeFeed, rollout_to_output  # noqa: E402
 from seal.engines.verl.config import TRAINER_MODE, to_verl_config  # noqa: E402
 from seal.logging_utils import trim_metrics  # noqa: E402
@@ -297,6 +299,7 @@ def fake_verl_load(self):
 
 
 def test_checkpoint_holds_seal_state_and_resume_restores_it(model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))  # the signing key (checkpoint_trust)
     monkeypatch.setattr(PPOTrainer, "_save_checkpoint", fake_verl_save)
     monkeypatch.setattr(PPOTrainer, "_load_checkpoint", fake_verl_load)
     trainer = make_trainer(model_dir, tmp_path)
@@ -324,8 +327,39 @@ def test_checkpoint_holds_seal_state_and_resume_restores_it(model_dir, tmp_path,
     assert resumed.best == best
 
     (ckpt / "global_step_3" / "seal_state.json").unlink()
-    with pytest.raises(FileNotFoundError, match="seal_state.json"):
+    with pytest.raises(UntrustedCheckpoint, match=r"missing \['seal_state.json'\]"):
         make_trainer(model_dir, tmp_path)._load_checkpoint()
+    with pytest.raises(FileNotFoundError, match="seal_state.json"):
+        make_trainer(model_dir, tmp_path, ["trainer.trust_checkpoint=true"])._load_checkpoint()
+
+
+def test_resume_refuses_an_unsigned_checkpoint_before_verl_reads_it(model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    loaded = []
+
+    def verl_load(self):  # verl's loader, which unpickles: recorded, loads nothing
+        loaded.append(self)
+        self.global_steps = 0
+
+    monkeypatch.setattr(PPOTrainer, "_save_checkpoint", fake_verl_save)
+    monkeypatch.setattr(PPOTrainer, "_load_checkpoint", verl_load)
+    trainer = make_trainer(model_dir, tmp_path / "run")
+    trainer.global_steps = 2
+    trainer._save_checkpoint()
+    signed = tmp_path / "run" / "checkpoints" / "global_step_2"
+    assert json.loads((signed / MANIFEST_FILE).read_text())["files"].keys() == {"seal_state.json"}
+    # A folder from elsewhere (here: the same files without the manifest), named by trainer.resume.
+    foreign = tmp_path / "downloaded" / "global_step_2"
+    shutil.copytree(signed, foreign)
+    (foreign / MANIFEST_FILE).unlink()
+    (foreign / "data.pt").write_bytes(b"a pickle verl would load")
+    with pytest.raises(UntrustedCheckpoint, match="refusing to resume"):
+        make_trainer(model_dir, tmp_path / "run", [f"trainer.resume={foreign}"])._load_checkpoint()
+    assert loaded == []  # verl's loader never ran
+    make_trainer(model_dir, tmp_path / "run", [f"trainer.resume={signed}"])._load_checkpoint()
+    make_trainer(model_dir, tmp_path / "run", [f"trainer.resume={foreign}", "trainer.trust_checkpoint=true"]
+                 )._load_checkpoint()
+    assert len(loaded) == 2
 
 
 def test_best_at_step_zero_points_at_the_base_model(model_dir, tmp_path):

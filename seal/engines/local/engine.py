@@ -24,6 +24,7 @@ import json
 import logging
 import math
 import os
+import pickle
 import random
 import shutil
 import time
@@ -440,9 +441,7 @@ def save_checkpoint(run: RunDir, step: int, model: Any, tokenizer: Any, optimize
     model.save_pretrained(str(tmp))
     tokenizer.save_pretrained(str(tmp))
     controller.save(tmp)
-    torch.save({"optimizer": optimizer.state_dict(), **state,
-                "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}},
-               tmp / TRAINER_STATE_FILE)
+    torch.save({"optimizer": optimizer.state_dict(), **state, "rng": rng_state()}, tmp / TRAINER_STATE_FILE)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -463,15 +462,38 @@ def resume_point(cfg: C.Recipe, run: RunDir) -> Path | None:
     return path
 
 
+def rng_state() -> dict[str, Any]:
+    """The three generators' states in types `torch.load(weights_only=True)` reads back: tensors, numbers,
+    strings, lists and tuples (numpy's key array goes in as a list)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "numpy": [str(name), keys.tolist(), int(pos), int(has_gauss),
+                                                      float(cached)], "python": random.getstate()}
+
+
+def set_rng_state(rng: dict[str, Any]) -> None:
+    name, keys, pos, has_gauss, cached = rng["numpy"]
+    torch.set_rng_state(rng["torch"])
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    random.setstate(rng["python"])
+
+
+def load_trainer_state(path: Path) -> dict[str, Any]:
+    """`trainer_state.pt` read with `weights_only=True`: tensors and plain Python values only, so a crafted
+    file (a checkpoint from elsewhere) cannot run code. A file that needs more is refused, named."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise ValueError(f"{path}: refused, it holds objects beyond tensors and plain values (a checkpoint "
+                         f"written by another program or an older version of this one): {str(exc)[:300]}") from None
+
+
 def restore_checkpoint(folder: Path, optimizer: torch.optim.Optimizer, controller: SealController,
                        force: bool) -> tuple[int, dict[str, Any] | None]:
     """Optimizer, controller and RNG states from a checkpoint; returns (step, best record)."""
-    state = torch.load(folder / TRAINER_STATE_FILE, map_location="cpu", weights_only=False)
+    state = load_trainer_state(folder / TRAINER_STATE_FILE)
     optimizer.load_state_dict(state["optimizer"])
     controller.load(folder, force=force)
-    torch.set_rng_state(state["rng"]["torch"])
-    np.random.set_state(state["rng"]["numpy"])
-    random.setstate(state["rng"]["python"])
+    set_rng_state(state["rng"])
     log.info("resumed from %s (step %d, run %s)", folder, int(state["step"]), controller.run_id)
     return int(state["step"]), state.get("best")
 

@@ -29,9 +29,12 @@ what                       where in verl 0.9.1  ->  why
                            the expected counts  -> per-category validation accuracy, a failed session
                            counted as a failure (`validation_records`)
 `_save_checkpoint`         `PPOTrainer.fit` (save_freq) writes `global_step_N/`  -> `seal_state.json` beside
-                           it, the `step_N` link and `latest.json` (`checkpoint_saved`)
-`_load_checkpoint`         `PPOTrainer.init` (resume_mode auto / resume_path)  -> the controller restored
-                           from the same folder (`checkpoint_loaded`)
+                           it, the `step_N` link and `latest.json` (`checkpoint_saved`), then the signed
+                           manifest (`seal.engines.checkpoint_trust.write_manifest`)
+`_load_checkpoint`         `PPOTrainer.init` (resume_mode auto / resume_path)  -> first the folder verl will
+                           unpickle is checked against its signed manifest (`check_checkpoint`; refused
+                           unless `trainer.trust_checkpoint`), then the controller restored from the same
+                           folder (`checkpoint_loaded`)
 `_agent_loop_registry`     `verl.experimental.agent_loop.agent_loop`, read by `registered()`  -> verl has no
                            public lookup of registered agent loops
 
@@ -121,10 +124,12 @@ from verl.trainer.ppo.ray_trainer import apply_kl_penalty  # noqa: E402
 from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch  # noqa: E402
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync  # noqa: E402
 from verl.utils import tensordict_utils as tu  # noqa: E402
+from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path  # noqa: E402
 from verl.workers.utils.padding import response_to_nested  # noqa: E402
 
 from seal.core.record import EpisodeRecord, object_array  # noqa: E402
 from seal.engines.batching import no_learning_signal  # noqa: E402
+from seal.engines.checkpoint_trust import TRUST_KNOB, check_checkpoint, write_manifest  # noqa: E402
 from seal.engines.verl.agent_loop import FEED_KEY  # noqa: E402
 from seal.logging_utils import append_metrics, metrics_row, trim_metrics  # noqa: E402
 from seal.run_dir import Checkpoints, transcript_sample  # noqa: E402
@@ -389,8 +394,15 @@ class TrainerAdapter(PPOTrainerSync):
     def _save_checkpoint(self) -> None:
         super()._save_checkpoint()
         self.checkpoint_saved(int(self.global_steps), self.checkpoints)
+        # Signed last, over every file of the step (ours included): resume loads only what a run wrote.
+        folder = self.checkpoints.verl_step_dir(int(self.global_steps))
+        write_manifest(folder, str(self.checkpoints.root.parent), int(self.global_steps))
 
     def _load_checkpoint(self) -> None:
+        folder = self._checkpoint_to_load()
+        if folder is not None:  # checked before verl unpickles anything in it
+            trainer = self.config.get("seal", {}).get("recipe", {}).get("trainer", {})
+            log.info("%s", check_checkpoint(folder, trust=bool(trainer.get(TRUST_KNOB.split(".")[1], False))))
         super()._load_checkpoint()
         if self.global_steps <= 0:
             return
@@ -399,6 +411,17 @@ class TrainerAdapter(PPOTrainerSync):
         else:
             folder = self.checkpoints.verl_step_dir(int(self.global_steps))
         self.checkpoint_loaded(int(self.global_steps), folder)
+
+
+    def _checkpoint_to_load(self) -> Path | None:
+        """The `global_step_N` folder verl's `_load_checkpoint` is about to read (its own rule), or None."""
+        trainer = self.config.trainer
+        if trainer.resume_mode == "resume_path":
+            return Path(os.path.realpath(str(trainer.resume_from_path)))
+        if trainer.resume_mode == "auto":
+            found = find_latest_ckpt_path(os.path.abspath(str(trainer.default_local_dir)))
+            return Path(found) if found else None
+        return None
 
 
 # --------------------------------------------------------------------------- the CPU path (exp/tiny_verl_cpu.yaml)

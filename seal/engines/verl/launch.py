@@ -199,6 +199,25 @@ def import_verl_entry() -> tuple[Any, Any]:
     return run_ppo, TaskRunnerV1
 
 
+# Ray's switch for clusters on macOS and Windows, where it is off by default. Off, Ray takes 127.0.0.1 as the
+# node's address (`ray._private.services.get_node_ip_address`; `resolve_ip_for_localhost` otherwise turns a
+# requested 127.0.0.1 back into the network address). verl binds each vLLM server's HTTP port, which has no API
+# key, to `ray.util.get_node_ip_address()` (`vLLMHttpServer.__init__`, `run_uvicorn`); so do Ray's own GCS,
+# raylet and agents. Measured on Ray 2.60: with it on, the vLLM-style actor saw the machine's address and Ray's
+# processes listened on it and on 0.0.0.0/::; with it off, every listening socket was 127.0.0.1.
+RAY_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def loopback_ray_node() -> None:
+    """Make the Ray cluster this process starts (one node, `ray_init.address: local`) bind loopback only, and
+    with it verl's vLLM servers. Before `ray.init`: the environment for the processes Ray starts, the constant
+    for this process (Ray read the variable when it was imported)."""
+    os.environ[RAY_LOOPBACK_ENV] = "0"
+    import ray._private.ray_constants as ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+
 def train(cfg: C.Recipe, run_dir: str | os.PathLike[str], overrides: Sequence[str] = ()) -> None:
     """Train the recipe with verl; metrics.jsonl, checkpoints and verl_config.yaml land in `run_dir`."""
     if cfg.engine != "verl":
@@ -237,6 +256,8 @@ def train(cfg: C.Recipe, run_dir: str | os.PathLike[str], overrides: Sequence[st
     own_cluster = OmegaConf.select(verl_cfg, "ray_kwargs.ray_init.address") == "local"
     marker = mark_run()  # before Ray starts: every process of the run inherits it
     shm_before = shm_segments()
+    if own_cluster:
+        loopback_ray_node()  # a cluster of this run's own: Ray and the vLLM servers (no API key) on 127.0.0.1
     try:
         run_ppo(verl_cfg, task_runner_class=TaskRunnerV1)
     finally:

@@ -1,0 +1,76 @@
+"""Which TCP ports a run's processes listen on, and whether any is open beyond loopback.
+
+``ListenerWatch(marker)`` samples, every `interval` seconds while its block runs, the listening TCP sockets of
+the live processes whose environment contains `marker` (a value only the run's processes inherit, such as the
+run's ``BFCL_PROJECT_ROOT``). After the block, ``listeners`` holds every ``(address, port, process name)``
+seen and ``exposed`` those bound to an address that is not loopback (``0.0.0.0`` and ``::`` included).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import threading
+from pathlib import Path
+
+import psutil
+
+
+def marked_pids(marker: str) -> set[int]:
+    found = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if marker.encode() in Path(f"/proc/{pid}/environ").read_bytes():
+                found.add(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def is_loopback(address: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1
+    return (mapped or ip).is_loopback
+
+
+def listeners(pids: set[int]) -> set[tuple[str, int, str]]:
+    """``(address, port, process name)`` of the listening TCP sockets of `pids`."""
+    out = set()
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.pid in pids:
+            try:
+                name = psutil.Process(conn.pid).name()
+            except psutil.Error:
+                name = "?"
+            out.add((conn.laddr.ip, conn.laddr.port, name))
+    return out
+
+
+class ListenerWatch:
+    def __init__(self, marker: str, interval: float = 1.0) -> None:
+        self.marker, self.interval = marker, interval
+        self.listeners: set[tuple[str, int, str]] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @property
+    def exposed(self) -> set[tuple[str, int, str]]:
+        return {entry for entry in self.listeners if not is_loopback(entry[0])}
+
+    def sample(self) -> None:
+        self.listeners |= listeners(marked_pids(self.marker))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def __enter__(self) -> ListenerWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
