@@ -23,6 +23,7 @@ import pytest
 
 from env_service.process import free_port
 from seal.engines.verl.cleanup import mapped_shm_names, reap_run_processes, run_processes
+from tests.network_watch import ListenerWatch
 
 pytest.importorskip("verl")
 pytest.importorskip("vllm")
@@ -44,7 +45,8 @@ def _launch(run_root: Path, port: int, *extra: str, timeout: float) -> str:
            f"env.urls=[http://127.0.0.1:{port}]", *extra]
     shm_before = set(os.listdir("/dev/shm"))
     log_path = run_root / f"launcher_{len(list(run_root.glob('launcher_*.log')))}.log"
-    with open(log_path, "w") as out:
+    # Every listening socket of the run (Ray's, the vLLM server's HTTP port, which has no API key) is on loopback.
+    with open(log_path, "w") as out, ListenerWatch(env["BFCL_PROJECT_ROOT"], interval=5.0) as watch:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
         try:
             proc.wait(timeout=timeout)
@@ -55,6 +57,8 @@ def _launch(run_root: Path, port: int, *extra: str, timeout: float) -> str:
                         + log_path.read_text(errors="replace")[-4000:])
     log = log_path.read_text(errors="replace")
     assert proc.returncode == 0, log[-6000:]
+    assert watch.listeners and not watch.exposed, (watch.listeners, watch.exposed)
+    print("listening sockets of the run:", sorted(watch.listeners))
     # vLLM's shared-memory queues and verl's weight buckets: unlinked by their owners or by the engine.
     assert not _ours(set(os.listdir("/dev/shm")) - shm_before)
     # No process of the run is left (Ray, vLLM, the env service): each inherited this run's environment. The
