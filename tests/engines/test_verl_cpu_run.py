@@ -40,7 +40,9 @@ RESUME_TIMEOUT_S = 1200
 def _launch(run_root: Path, port: int, *extra: str, timeout: float) -> str:
     # SmolLM2 comes from the project's model cache, built once for every test that reads it (a build takes a
     # minute or two); a build is atomic, so tests that race for it both end with one complete copy.
-    env = dict(os.environ, PYTHONPATH=str(REPO), BFCL_PROJECT_ROOT=str(run_root / "bfcl_root"))
+    # The checkpoint-signing key lives under XDG_CONFIG_HOME: one per test, the same for both launches.
+    env = dict(os.environ, PYTHONPATH=str(REPO), BFCL_PROJECT_ROOT=str(run_root / "bfcl_root"),
+               XDG_CONFIG_HOME=str(run_root / "config"))
     cmd = [sys.executable, "launcher.py", "--conf", "exp/tiny_verl_cpu.yaml", f"run_root={run_root}",
            f"env.urls=[http://127.0.0.1:{port}]", *extra]
     shm_before = set(os.listdir("/dev/shm"))
