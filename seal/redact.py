@@ -6,7 +6,8 @@ keys generated for one run (the τ² vLLM server's). :func:`scrub` replaces each
 URL- and JSON-escaped forms, by ``[redacted NAME]``. It is applied where text leaves the project's hands:
 tool observations of the OOD benchmarks (``seal.eval.ood``), every results and summary file
 (``seal.eval.results``), log records and everything printed to stdout/stderr once :func:`guard_output` ran
-(the entry points call it through ``seal.logging_utils``).
+(``seal-train`` through ``seal.logging_utils.setup_console_logging``; ``python -m seal.evaluate`` and its τ²
+command at start).
 
 A value shorter than ``MIN_SECRET_CHARS`` is not scrubbed: replacing every occurrence of a 3-character
 string would corrupt results, and such a value is no secret. Values are read from the environment at each

@@ -73,12 +73,16 @@ def kv_bytes_per_token(path: str | os.PathLike, dtype: str | None = None) -> int
 
 
 CPU_KV_SHARE = 0.25  # at most this share of the host's available memory goes to vLLM's KV cache on CPU (ours)
+# vLLM's KV-cache manager keeps one block of the cache for itself (its null block): a cache of exactly one
+# full-length sequence refused to start (measured: SmolLM2, max_model_len 8192, max_num_seqs 1: "the estimated
+# maximum model length is 8064", one 128-token CPU block short). The floor adds that block.
+CPU_KV_RESERVED_TOKENS = 128
 
 
 def cpu_kv_cache_bytes(path: str | os.PathLike, max_model_len: int, max_num_seqs: int,
                        available: int | None = None, dtype: str | None = None) -> int:
     """vLLM's KV cache on CPU: room for `max_num_seqs` full-length sequences, capped at `CPU_KV_SHARE` of the
-    host's available memory but never below one full-length sequence.
+    host's available memory but never below one full-length sequence (and vLLM's reserved block).
 
     On CPU vLLM reads `gpu_memory_utilization` as a share of the whole host RAM and refuses to start when
     that much is not free (on a shared machine, always); an explicit size avoids it, and sizes the cache
@@ -87,8 +91,10 @@ def cpu_kv_cache_bytes(path: str | os.PathLike, max_model_len: int, max_num_seqs
         import psutil
 
         available = int(psutil.virtual_memory().available)
-    per_sequence = kv_bytes_per_token(path, dtype) * max_model_len
-    return max(per_sequence, min(per_sequence * max_num_seqs, int(available * CPU_KV_SHARE)))
+    per_token = kv_bytes_per_token(path, dtype)
+    per_sequence = per_token * max_model_len
+    floor = per_token * (max_model_len + CPU_KV_RESERVED_TOKENS)
+    return max(floor, min(per_sequence * max_num_seqs, int(available * CPU_KV_SHARE)))
 
 
 def cpu_has_fast_bf16() -> bool:

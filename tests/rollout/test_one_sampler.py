@@ -62,3 +62,15 @@ def test_an_aborted_call_is_an_error_in_both_paths():
         vllm_generation(aborted)
     stopped = vllm_generation(SimpleNamespace(token_ids=[1, 2], finish_reason="stop", logprobs=None))
     assert stopped.token_ids == [1, 2] and stopped.finish_reason == "stop" and stopped.logprobs is None
+
+
+def test_the_cpu_kv_cache_holds_one_full_sequence_besides_vllms_reserved_block(smollm2):
+    from seal.rollout.vllm_generation import CPU_KV_RESERVED_TOKENS, cpu_kv_cache_bytes, kv_bytes_per_token
+
+    path = smollm2[0]
+    per_token = kv_bytes_per_token(path, "float32")
+    # no memory to spare: still one 8192-token sequence plus the block vLLM keeps for itself
+    tight = cpu_kv_cache_bytes(path, 8192, 1, available=0, dtype="float32")
+    assert tight == per_token * (8192 + CPU_KV_RESERVED_TOKENS)
+    roomy = cpu_kv_cache_bytes(path, 8192, 4, available=1 << 40, dtype="float32")
+    assert roomy == per_token * 8192 * 4
