@@ -182,7 +182,7 @@ def test_training_and_evaluation_sample_the_same_tokens_at_temperature_0(smollm2
     async def training() -> list[list[int]]:
         tokenizer = AutoTokenizer.from_pretrained(str(smollm2))
         model = AutoModelForCausalLM.from_pretrained(str(smollm2), dtype=torch.float32)
-        vllm = colocated_vllm(smollm2, model, tokenizer, "cpu", max_model_len=limits.max_model_len, max_num_seqs=2,
+        vllm = colocated_vllm(smollm2, model, tokenizer, "cpu", max_model_len=limits.max_model_len, max_num_seqs=1,
                               seed=1)
         try:
             async with EnvClient(service_url) as client:
