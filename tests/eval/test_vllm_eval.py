@@ -211,3 +211,21 @@ def test_training_and_evaluation_sample_the_same_tokens_at_temperature_0(smollm2
     evaluated = asyncio.run(evaluation())
     assert len(trained) >= 2  # a multi-call episode
     assert evaluated == trained
+    # the `vllm:` engine's own process exits some time after `aclose` on a loaded machine (measured: over 30 s);
+    # wait for it (at most 2 min, then fail) so that the /dev/shm check sees what is really left behind
+    import psutil
+
+    def engine_processes() -> list[int]:
+        out = []
+        for p in psutil.Process().children(recursive=True):
+            try:
+                if "VLLM" in " ".join(p.cmdline()):
+                    out.append(p.pid)
+            except psutil.Error:  # exited meanwhile
+                pass
+        return out
+
+    deadline = time.monotonic() + 120
+    while engine_processes() and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not engine_processes(), "the vllm: policy's engine process outlived aclose by 2 minutes"
