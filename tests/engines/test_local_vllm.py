@@ -15,7 +15,7 @@ from seal import recipe as C
 from seal.engines.local import engine as E
 from seal.rollout.types import SamplingParams
 from tests.engines.test_local_engine import _resume_cfg
-from tests.helpers import mapped_elsewhere
+from tests.helpers import shm_leftovers
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = [151644, 872, 198, 9707, 11, 1879, 0, 151645, 198, 151644, 77091, 198]  # a user turn + assistant header
@@ -84,7 +84,7 @@ def test_vllm_backend_samples_with_the_updated_weights(tmp_path, peaked, service
         E.close(run)
     assert not [t for t in threading.enumerate() if t.name == "vllm-generation"]  # the worker ended
     assert set(psutil.Process().children(recursive=True)) <= children_before  # in-process: no engine process
-    assert not {n for n in _shm() - shm_before if not mapped_elsewhere(n)}
+    assert not shm_leftovers(shm_before)
 
 
 def test_auto_takes_hf_for_a_model_vllm_cannot_run(tmp_path):

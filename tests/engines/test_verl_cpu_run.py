@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from env_service.process import free_port
-from seal.engines.verl.cleanup import mapped_shm_names, reap_run_processes, run_processes
+from seal.engines.verl.cleanup import reap_run_processes, run_processes
+from tests.helpers import shm_leftovers
 from tests.network_watch import ListenerWatch
 
 pytest.importorskip("verl")
@@ -62,17 +63,12 @@ def _launch(run_root: Path, port: int, *extra: str, timeout: float) -> str:
     assert watch.listeners and not watch.exposed, (watch.listeners, watch.exposed)
     print("listening sockets of the run:", sorted(watch.listeners))
     # vLLM's shared-memory queues and verl's weight buckets: unlinked by their owners or by the engine.
-    assert not _ours(set(os.listdir("/dev/shm")) - shm_before)
+    assert not shm_leftovers(shm_before)
     # No process of the run is left (Ray, vLLM, the env service): each inherited this run's environment. The
     # launcher returns only once they are gone (seal.engines.verl.cleanup), so one look suffices.
     left = run_processes(env["BFCL_PROJECT_ROOT"], env_key="BFCL_PROJECT_ROOT")
     assert not left, [" ".join(p.cmdline())[:200] for p in left]
     return log
-
-
-def _ours(new_segments: set[str]) -> set[str]:
-    """New /dev/shm segments nobody maps any more (another program's live ones are not this run's)."""
-    return new_segments - mapped_shm_names()
 
 
 def _by_step(metrics_file: Path) -> dict[int, dict]:

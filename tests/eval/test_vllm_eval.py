@@ -18,10 +18,11 @@ import pytest
 pytest.importorskip("vllm")
 
 from env_service.process import free_port  # noqa: E402
+from seal.engines.verl.cleanup import shm_segments  # noqa: E402
 from seal.eval import evaluate as ev  # noqa: E402
 from seal.models.smollm2 import build_smollm2  # noqa: E402
 from seal.run_dir import BEST_METRIC  # noqa: E402
-from tests.helpers import mapped_elsewhere  # noqa: E402
+from tests.helpers import shm_leftovers  # noqa: E402
 
 pytestmark = pytest.mark.slow  # each test starts a vLLM engine (1-3 min on a loaded 2-core machine)
 
@@ -29,25 +30,13 @@ TASK = "multi_turn_base_100"
 MAX_TOKENS = "48"
 
 
-def _shm() -> set[str]:
-    return set(os.listdir("/dev/shm"))
-
-
-
-
 @pytest.fixture
 def no_leftovers():
     """/dev/shm as it was found, once the engine's processes are gone (their cleanup may lag a moment)."""
-    before = _shm()
+    before = shm_segments()
     yield
-
-    def left() -> set[str]:
-        return {n for n in _shm() - before if not mapped_elsewhere(n)}
-
-    deadline = time.monotonic() + 30
-    while left() and time.monotonic() < deadline:
-        time.sleep(1)
-    assert not left(), f"left in /dev/shm: {sorted(left())}"
+    left = shm_leftovers(before)
+    assert not left, f"left in /dev/shm: {sorted(left)}"
 
 
 @pytest.fixture(scope="module")

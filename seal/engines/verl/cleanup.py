@@ -86,11 +86,13 @@ def shm_segments() -> set[str]:
         return set()
 
 
-def mapped_shm_names() -> set[str]:
-    """/dev/shm names some live process maps or holds open."""
+def mapped_shm_names(exclude_pid: int | None = None) -> set[str]:
+    """/dev/shm names some live process (other than `exclude_pid`) maps or holds open."""
     names: set[str] = set()
     prefix = str(SHM_DIR) + "/"
     for proc in psutil.process_iter():
+        if proc.pid == exclude_pid:
+            continue
         try:
             paths = [m.path for m in proc.memory_maps(grouped=True)] + [f.path for f in proc.open_files()]
         except (psutil.Error, OSError):  # the process ended, or is not ours to read
