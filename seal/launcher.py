@@ -193,9 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model_dir(cfg)  # a missing model, or a build refused, stops here: nothing written yet
     except (ValueError, OSError, RuntimeError) as exc:
-        print(f"launcher: error: model.path {cfg.model.path}: {exc}", file=sys.stderr)
+        message = str(exc) if str(exc).startswith("model.path") else f"model.path {cfg.model.path}: {exc}"
+        print(f"launcher: error: {message}", file=sys.stderr)
         return 2
-    created = not run.root.exists()
+    created = _first_missing(run.root)
     run.root.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run.config_file)
     log.info("run directory: %s", run.root)
@@ -245,13 +246,23 @@ def _class_name(text: str) -> str | None:
     return found.group(1) if found else None
 
 
-def _remove_if_unstarted(run: RunDir, created: bool) -> None:
-    """A run directory this launch created goes again when the run failed before any step was saved."""
+def _first_missing(path: Path) -> Path | None:
+    """The outermost of `path` and its parents that does not exist yet (what `mkdir(parents=True)` creates)."""
+    missing = None
+    for candidate in (path, *path.absolute().parents):
+        if candidate.exists():
+            break
+        missing = candidate
+    return missing
+
+
+def _remove_if_unstarted(run: RunDir, created: Path | None) -> None:
+    """The directories this launch created go again when the run failed before any step was saved."""
     import shutil
 
-    if created and not run.metrics_file.exists() and not run.checkpoints.saved_steps():
-        shutil.rmtree(run.root, ignore_errors=True)
-        log.info("removed %s: the run failed before its first step was saved", run.root)
+    if created is not None and not run.metrics_file.exists() and not run.checkpoints.saved_steps():
+        shutil.rmtree(created, ignore_errors=True)
+        log.info("removed %s: the run failed before its first step was saved", created)
 
 
 # Keys a resume may change: how long the run goes on and how often it validates, saves and logs, not what a

@@ -451,6 +451,28 @@ def check_model_tokenizer(tokenizer: Any, path: str) -> None:
                           "chat_template.jinja) before evaluating") from exc
 
 
+def local_model(kind: str, name: str) -> str:
+    """The model of `hf:<name>` / `vllm:<name>`: a built-in model (`builtin:smollm2`, built into the model cache
+    when missing), else a directory by the input-path rule (`seal.paths.input_path`: from the cwd when it exists
+    there, else from the project), absolute; `vllm:` also takes a hub id, which vLLM resolves."""
+    from seal.models import builtin_model, is_builtin
+    from seal.paths import input_path
+
+    if name.startswith("builtin:"):
+        if not is_builtin(name):
+            raise PolicyError(f"{kind}: unknown built-in model {name!r}")
+        try:
+            return str(builtin_model(name))
+        except (RuntimeError, OSError, ValueError) as exc:
+            raise PolicyError(f"{kind}:{name}: {exc}") from exc
+    path = input_path(name)
+    if path.exists():
+        return str(path)
+    if kind == "hf":
+        raise PolicyError(f"hf: no model directory at {name!r} (looked in the cwd, then the project)")
+    return name
+
+
 def parse_policy(spec: str, options: PolicyOptions | None = None) -> Policy:
     """Build the policy named by `spec` (see the module docstring); a bad spec raises `PolicyError`."""
     options = options or PolicyOptions()
@@ -468,8 +490,7 @@ def parse_policy(spec: str, options: PolicyOptions | None = None) -> Policy:
         raise PolicyError(f"unknown policy {spec!r}; expected hf:<path>, vllm:<path>, openai:<base_url>#<model>, "
                           "ground_truth or empty")
     if kind in ("hf", "vllm"):
-        if kind == "hf" and not os.path.exists(rest):  # vllm: also takes a hub id (vLLM resolves it)
-            raise PolicyError(f"hf: no model directory at {rest!r}")
+        rest = local_model(kind, rest)
         options = replace(options, max_model_len=resolve_max_model_len(options.max_model_len, rest))
         context = f"context window {options.max_model_len} tokens"
     if kind == "hf":
@@ -481,8 +502,8 @@ def parse_policy(spec: str, options: PolicyOptions | None = None) -> Policy:
         backend = TokenBackend(gen.tokenizer, gen)
         return Policy(spec, "token", lambda task_id: text_agent_from_tokens(backend, options.max_tokens_per_call),
                       token_backend=backend, options=options,
-                      notes=[f"hf: greedy Hugging Face generation on {gen.device}, concurrent calls batched (up to "
-                             f"{gen.max_batch_size} rows); {context}"])
+                      notes=[f"hf: {rest}, greedy Hugging Face generation on {gen.device}, concurrent calls batched "
+                             f"(up to {gen.max_batch_size} rows); {context}"])
     if kind == "vllm":
         vgen = VLLMGenerator(rest, options.tensor_parallel_size, options.gpu_memory_utilization,
                              options.max_model_len)
@@ -490,7 +511,7 @@ def parse_policy(spec: str, options: PolicyOptions | None = None) -> Policy:
         backend = TokenBackend(vgen.tokenizer, vgen.generate)
         return Policy(spec, "token", lambda task_id: text_agent_from_tokens(backend, options.max_tokens_per_call),
                       token_backend=backend, options=options, closers=[vgen.aclose],
-                      notes=[f"vllm: greedy vLLM generation ({vgen.describe()}); {context}"])
+                      notes=[f"vllm: {rest}, greedy vLLM generation ({vgen.describe()}); {context}"])
     if kind == "openai":
         base_url, hash_sep, model = rest.rpartition("#")
         if not hash_sep:
