@@ -49,7 +49,7 @@ def test_env_help_documents_every_flag_with_its_default(tmp_path):
     options = " ".join(command(tmp_path, "seal-env", "--help").stdout.split()).split("options:", 1)[1]
     for flag, default in (("--host", "127.0.0.1"), ("--port", "8082"), ("--max-steps", "20"), ("--ttl", "3600.0"),
                           ("--workers", "4"), ("--max-body-bytes", "1048576"), ("--log-level", "warning")):
-        entry = options.split(f" {flag} ", 1)[1]
+        entry = options.split(f" {flag} {flag[2:].upper().replace('-', '_')} ", 1)[1]  # its entry: flag METAVAR
         assert entry.split("(default: ", 1)[1].startswith(f"{default})"), flag  # its own help and default
 
 
