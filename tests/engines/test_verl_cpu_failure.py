@@ -3,7 +3,8 @@
 `python launcher.py --conf exp/tiny_verl_cpu.yaml` (verl's vLLM rollout on SmolLM2) runs until verl's first
 weight sync into vLLM is done; then the vLLM server's processes (verl's `vLLMHttpServer` Ray actor and vLLM's
 engine process under it) are killed. The launcher must exit nonzero on its own, naming the dead server, within
-the hang guard below (a timeout, not a speed assertion), leaving no process and no /dev/shm segment behind. The
+the hang guard below (a timeout, not a speed assertion), its last line naming the dead actor
+(`launcher: error: ActorDied: Ray actor died during the run: vLLMHttpServer (...)`), leaving no process and no /dev/shm segment behind. The
 weight sender's own bound (`SEAL_WEIGHT_SYNC_TIMEOUT_S`) is lowered so a sync towards the dead server gives up
 quickly if verl reaches one.
 """
@@ -77,6 +78,9 @@ def test_a_killed_vllm_server_fails_the_run_loudly(tmp_path):
     # The cause is named: Ray's dead-actor error for the server, or our weight-sync bound.
     assert any(s in text for s in ("ActorDiedError", "ActorUnavailableError", "WeightSyncError", "EngineDeadError")), \
         text[-4000:]
+    # ... and the last line says which actor died (not only verl's last error, which follows from it), in one line.
+    last = text.strip().splitlines()[-1]
+    assert last.startswith("launcher: error:") and "vLLMHttpServer" in last and "died" in last, text[-4000:]
     time.sleep(5)  # Ray's shutdown reaps its workers asynchronously
     assert not _pids_with(marker), [Path(f"/proc/{p}/cmdline").read_text()[:120] for p in _pids_with(marker)]
     assert not (set(os.listdir("/dev/shm")) - shm_before) - _mapped_shm_names()

@@ -152,6 +152,32 @@ def model_path(cfg: C.Recipe) -> str:
     return C.model_dir(cfg)
 
 
+class ActorDied(RuntimeError):
+    """A Ray actor of the run (a vLLM server, a worker) died of a system error; verl's own last error (e.g.
+    TransferQueue's "Received an empty list as keys.") only follows from it and is chained as the cause."""
+
+
+def dead_actors() -> list[str]:
+    """`<actor class> (<why>)` for each actor of the connected Ray cluster that died of a system error (a killed or
+    crashed process, not one ended on purpose). Read from Ray's GCS actor table (`ray._private.state.actors`:
+    the public `ray.util.state` needs Ray's dashboard, which the run does not start); empty when Ray is not up or
+    the table cannot be read (this only adds a name to an error)."""
+    try:
+        import ray
+        from ray._private.state import actors
+
+        table = actors() if ray.is_initialized() else {}
+    except Exception:  # noqa: BLE001 - naming the actor is a courtesy on top of the error being raised
+        return []
+    found = []
+    for info in table.values():
+        cause = str(info.get("DeathCause") or "")
+        if info.get("State") == "DEAD" and "SYSTEM_ERROR" in cause:
+            why = re.search(r'error_message: "([^".]*)', cause)
+            found.append(f"{info.get('ActorClassName')} ({why.group(1) if why else 'system error'})")
+    return found
+
+
 def train(cfg: C.Recipe, run_dir: str | os.PathLike[str], overrides: Sequence[str] = ()) -> None:
     """Train the recipe with verl; metrics.jsonl, checkpoints and verl_config.yaml land in `run_dir`."""
     if cfg.engine != "verl":
@@ -190,6 +216,11 @@ def train(cfg: C.Recipe, run_dir: str | os.PathLike[str], overrides: Sequence[st
     shm_before = shm_segments()
     try:
         run_ppo(verl_cfg, task_runner_class=TaskRunnerV1)
+    except Exception as exc:
+        died = dead_actors()  # before Ray shuts down: the cause the error verl raises last only follows from
+        if died:
+            raise ActorDied(f"Ray actor died during the run: {'; '.join(died)}") from exc
+        raise
     finally:
         if cfg.trainer.device == "cpu":
             import ray
