@@ -3,10 +3,10 @@
 `python launcher.py --conf exp/tiny_verl_cpu.yaml` (verl's vLLM rollout on SmolLM2) runs until verl's first
 weight sync into vLLM is done; then the vLLM server's processes (verl's `vLLMHttpServer` Ray actor and vLLM's
 engine process under it) are killed. The launcher must exit nonzero on its own, naming the dead server, within
-the hang guard below (a timeout, not a speed assertion), its last line naming the dead actor
-(`launcher: error: ActorDied: Ray actor died during the run: vLLMHttpServer (...)`), leaving no process and no /dev/shm segment behind. The
-weight sender's own bound (`SEAL_WEIGHT_SYNC_TIMEOUT_S`) is lowered so a sync towards the dead server gives up
-quickly if verl reaches one.
+the hang guard below (a timeout, not a speed assertion), its last line naming the dead actor (`launcher:
+error: ActorDied: Ray actor died during the run: vLLMHttpServer (...)`), leaving no process and no /dev/shm
+segment behind. The weight sender's own bound (`SEAL_WEIGHT_SYNC_TIMEOUT_S`) is lowered so a sync towards the
+dead server gives up quickly if verl reaches one.
 """
 
 from __future__ import annotations
