@@ -197,17 +197,6 @@ def text_agent_from_tokens(backend: TokenBackend, max_tokens: int) -> Agent:
     return agent
 
 
-def vllm_cpu_thread_env() -> dict[str, str]:
-    """vLLM CPU build's thread settings for evaluation, as the verl runtime env gives its processes every core
-    (`seal.engines.verl.launch.plugin_env_vars`): vLLM's automatic OpenMP binding keeps one core per worker
-    free for its scheduler process, which on a small machine halves the threads (1 of 2 cores here); with no
-    core reserved the worker's OpenMP threads take every allowed core. Settings the user made
-    (`VLLM_CPU_OMP_THREADS_BIND`, `VLLM_CPU_NUM_OF_RESERVED_CPU`) are kept."""
-    if os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto") != "auto" or "VLLM_CPU_NUM_OF_RESERVED_CPU" in os.environ:
-        return {}
-    return {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
-
-
 class VLLMGenerator:
     """Generation with vLLM's async engine on token ids (sampled ids kept exactly), on a GPU or on vLLM's CPU
     build (`vllm-cpu`), with the defaults of `vllm_engine_kwargs`."""
@@ -242,21 +231,20 @@ class VLLMGenerator:
         if self._engine is None:
             from vllm import AsyncEngineArgs, AsyncLLMEngine
 
-            if "kv_cache_memory_bytes" in self.engine_kwargs:  # vLLM's CPU build: its threads, before it starts
-                for key, value in vllm_cpu_thread_env().items():
-                    os.environ.setdefault(key, value)
             self._engine = AsyncLLMEngine.from_engine_args(AsyncEngineArgs(**self.engine_kwargs))
         return self._engine
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         import vllm
 
-        engine = self._get_engine()
         sampling = vllm.SamplingParams(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
                                        max_tokens=params.max_tokens, seed=params.seed)
         final = None
-        async for output in engine.generate({"prompt_token_ids": list(prompt_ids)}, sampling,
-                                            request_id=uuid.uuid4().hex):
+        # No local names the engine: vLLM keeps this frame alive after the call (measured: the finished frame was
+        # the engine's one referrer after `aclose`), and an engine that outlives `aclose` is shut down again by
+        # its `__del__` at interpreter exit, with the modules torn down (a TypeError).
+        async for output in self._get_engine().generate({"prompt_token_ids": list(prompt_ids)}, sampling,
+                                                        request_id=uuid.uuid4().hex):
             final = output
         if final is None or not final.outputs:
             raise PolicyError("vLLM returned no output")
@@ -268,12 +256,15 @@ class VLLMGenerator:
         engine, self._engine = self._engine, None
         if engine is not None and hasattr(engine, "shutdown"):
             # Shut down now, in this event loop: the engine process, its workers and their shared memory
-            # go before the evaluation returns. The engine object itself sits in reference cycles (its output
-            # handler task), so it would be freed only at interpreter exit, where its `__del__` shuts down
-            # again with the modules half torn down (a TypeError); collected here, that second shutdown is a
-            # no-op in a live interpreter.
-            engine.shutdown()
-            del engine
+            # go before the evaluation returns. The engine object is then freed here, in a live interpreter
+            # (its `__del__` shuts down once more, harmlessly): once its output handler task has ended and with
+            # no frame of `generate` holding it (see there), nothing else refers to it.
+            handler = getattr(engine, "output_handler", None)
+            engine.shutdown()  # cancels the output handler task, which holds the engine until it has ended
+            if isinstance(handler, asyncio.Task) and handler is not asyncio.current_task():
+                with contextlib.suppress(BaseException):
+                    await asyncio.wait({handler}, timeout=10)
+            del engine, handler
             gc.collect()
 
 

@@ -317,17 +317,3 @@ def test_policy_paths_follow_the_input_path_rule(tmp_path, monkeypatch):
     with pytest.raises(PolicyError, match="looked in the cwd, then the project"):
         local_model("hf", "no/such/dir")
 
-
-def test_vllm_cpu_threads_take_every_core_unless_the_user_chose(monkeypatch):
-    """The `vllm:` policy's thread setting for vLLM's CPU build (the real engine's binding is checked in
-    tests/eval/test_vllm_eval.py through vLLM's own log line)."""
-    from seal.eval.policies import vllm_cpu_thread_env
-
-    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
-    monkeypatch.delenv("VLLM_CPU_NUM_OF_RESERVED_CPU", raising=False)
-    assert vllm_cpu_thread_env() == {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
-    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0")
-    assert vllm_cpu_thread_env() == {}
-    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND")
-    monkeypatch.setenv("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")
-    assert vllm_cpu_thread_env() == {}
