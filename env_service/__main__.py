@@ -1,4 +1,4 @@
-"""``python -m env_service --host 127.0.0.1 --port 8082``: start the BFCL environment service."""
+"""``seal-env`` (``python -m env_service``): start the BFCL environment service, by default on 127.0.0.1:8082."""
 
 from __future__ import annotations
 
@@ -17,16 +17,17 @@ from env_service.rules import DEFAULT_RULES, RULES
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m env_service", description=__doc__)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8082)
+    p = argparse.ArgumentParser(prog="seal-env", description=__doc__,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (off loopback a --token is required)")
+    p.add_argument("--port", type=int, default=8082, help="port to listen on")
     p.add_argument(
         "--step-limit-scope",
         choices=["episode", "turn"],
         default="episode",
         help="episode: at most --max-steps model calls per episode (release); turn: per user turn (BFCL)",
     )
-    p.add_argument("--max-steps", type=int, default=20)
+    p.add_argument("--max-steps", type=int, default=20, help="the step limit (model calls), see --step-limit-scope")
     p.add_argument(
         "--no-strict-availability",
         action="store_true",
@@ -45,9 +46,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "training episodes always default to release",
     )
     p.add_argument("--ttl", type=float, default=3600.0, help="seconds before an idle episode expires")
-    p.add_argument("--max-body-bytes", type=int, default=1 << 20)
-    p.add_argument("--max-episodes", type=int, default=20_000)
-    p.add_argument("--split-file", default=None)
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body accepted")
+    p.add_argument("--max-episodes", type=int, default=20_000, help="episodes held at once before creates are refused")
+    p.add_argument("--split-file", default=None, help="train/eval split JSON (None: data/bfcl_split.json)")
     p.add_argument(
         "--allow-train-on-eval",
         action="store_true",
@@ -55,8 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--token",
-        default=os.environ.get(TOKEN_ENV) or None,
-        help=f"require 'Authorization: Bearer <token>' (default: ${TOKEN_ENV}; required off loopback)",
+        default=None,  # read from the environment after parsing: --help never prints a secret
+        help=f"require 'Authorization: Bearer <token>' (None: ${TOKEN_ENV}, if set; required off loopback)",
     )
     p.add_argument("--workers", type=int, default=4, help="worker processes running BFCL code (0: in process)")
     budget = Budget()
@@ -66,8 +67,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--budget-max-calls", type=int, default=budget.max_calls, help="tool calls per message")
     p.add_argument("--max-connections", type=int, default=512, help="open connections before idle ones are shed")
     p.add_argument("--header-timeout", type=float, default=10.0, help="seconds for a request's headers and body")
-    p.add_argument("--log-level", default="warning")
-    return p.parse_args(argv)
+    p.add_argument("--log-level", default="warning", help="uvicorn's and the service's log level")
+    args = p.parse_args(argv)
+    args.token = args.token or os.environ.get(TOKEN_ENV) or None
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -3,16 +3,17 @@
     seal-train --conf exp/SEAL.yaml [key=value ...] [verl.<verl key>=value ...] [--dry-run]
     seal-train                               # the embedded default, exp/tiny_cpu.yaml (CPU, minutes)
 
-It works from any directory: a relative `--conf` is taken from the cwd, else from the project; relative data
-files from the cwd when they exist there, else from the project (`seal.recipe.data_file`); the run directory
-`<run_root>/<experiment_name>` from the cwd.
+It works from any directory: every input path (`--conf`, `model.path`, `model.warm_start.path`, the data
+files) is taken from the cwd when it exists there, else from the project (one rule, `seal.paths.input_path`);
+the run directory `<run_root>/<experiment_name>`, an output, from the cwd.
 
 1. Composes and validates the recipe (`seal.recipe.load_config`); `--dry-run` prints it (for engine verl
    also the resolved verl config) and exits. `verl.<key>=value` sets a key of verl's config directly,
    `+verl.<key>=value` adds one verl's defaults lack (Hydra's convention); engine verl only.
 2. `engine: verl` needs GPUs: without CUDA it stops at once and points to `exp/tiny_cpu.yaml`.
-3. Writes the resolved config to `<run_root>/<experiment_name>/config.yaml` (the run directory,
-   `seal/run_dir.py`, docs/run_directory.md).
+3. Prepares the model (a built-in or tiny model is built into the model cache when missing), so a missing
+   model stops the launch before anything is written. Writes the resolved config to
+   `<run_root>/<experiment_name>/config.yaml` (the run directory, `seal/run_dir.py`, docs/run_directory.md).
 4. The run's env service (`python -m env_service` with the recipe's step limit and availability flags):
    with `env.urls` empty (the default) the run starts its own on a free loopback port, so runs side by
    side never share one; with a URL that answers, the run uses that service and never stops it; with a
@@ -20,6 +21,10 @@ files from the cwd when they exist there, else from the project (`seal.recipe.da
    run started is stopped when the launcher exits, also on Ctrl-C, SIGTERM or an error; its log goes to
    `<run dir>/env_service.log`.
 5. Runs the engine: `seal.engines.local.engine.train(cfg, run_dir)` or `seal.engines.verl.launch.train(cfg, run_dir)`.
+
+A failure prints one line (`launcher: error: ...`; `--log-level DEBUG` adds the traceback) and exits 1; a run
+directory this launch created is removed again when the run failed before saving anything of a step
+(no metrics, no checkpoint).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Iterator
@@ -153,13 +159,13 @@ def _raise_on_sigterm(signum: int, frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from seal.logging_utils import setup_console_logging
-    from seal.recipe import ConfigError, load_config, run_dir, save_config, to_yaml, with_data_files
+    from seal.recipe import ConfigError, load_config, model_dir, run_dir, save_config, to_yaml, with_input_paths
     from seal.run_dir import RunDir
 
     setup_console_logging(args.log_level)
     recipe_overrides, verl_overrides = split_overrides(args.overrides)
     try:
-        cfg = with_data_files(load_config(_recipe_file(args.conf), recipe_overrides))
+        cfg = with_input_paths(load_config(args.conf, recipe_overrides))
     except ConfigError as exc:
         print(f"launcher: {exc}", file=sys.stderr)
         return 2
@@ -212,6 +218,13 @@ def main(argv: list[str] | None = None) -> int:
               f"but its config.yaml differs: {'; '.join(changed)}. Resume with the same recipe and overrides, "
               "or give another experiment_name, or trainer.resume=disable to start over", file=sys.stderr)
         return 2
+    try:
+        model_dir(cfg)  # a missing model, or a build refused, stops here: nothing written yet
+    except (ValueError, OSError, RuntimeError) as exc:
+        message = str(exc) if str(exc).startswith("model.path") else f"model.path {cfg.model.path}: {exc}"
+        print(f"launcher: error: {message}", file=sys.stderr)
+        return 2
+    created = _first_missing(run.root)
     run.root.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run.config_file)
     log.info("run directory: %s", run.root)
@@ -226,12 +239,58 @@ def main(argv: list[str] | None = None) -> int:
             result = train(cfg, run.root, verl_overrides) if verl_overrides else train(cfg, run.root)
             log.info("done: %s", result)
             return 0
-    except ServiceStartError as exc:
-        print(f"launcher: {exc}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         log.warning("interrupted")
         return 130
+    except Exception as exc:  # noqa: BLE001 - every failure ends in one line, its traceback on request
+        log.debug("the run failed", exc_info=True)
+        _remove_if_unstarted(run, created)
+        print(f"launcher: error: {failure_summary(exc)}", file=sys.stderr)
+        return 1
+
+
+def failure_summary(exc: BaseException) -> str:
+    """One line naming what failed: the exception (a service that did not start by its own message), and when a
+    Ray actor died anywhere in the chain of causes, that actor (its class name), which is the cause the later
+    errors (an empty TransferQueue batch, say) only follow from."""
+    seen: list[BaseException] = []
+    node: BaseException | None = exc
+    while node is not None and node not in seen:
+        seen.append(node)
+        node = getattr(node, "cause", None) or node.__cause__ or node.__context__  # Ray's RayTaskError: .cause
+    text = str(exc).strip().splitlines()
+    line = text[0] if isinstance(exc, ServiceStartError) and text else \
+        f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+    for err in seen:
+        if type(err).__name__ in ("ActorDiedError", "ActorUnavailableError", "RayActorError"):
+            actor = _class_name(str(err))
+            return f"a Ray actor died ({actor or 'class not named'}: {type(err).__name__}); then {line}"
+    return line
+
+
+def _class_name(text: str) -> str | None:
+    """`class_name: X` in a Ray actor error's message."""
+    found = re.search(r"class_name:\s*(\w+)", text)
+    return found.group(1) if found else None
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost of `path` and its parents that does not exist yet (what `mkdir(parents=True)` creates)."""
+    missing = None
+    for candidate in (path, *path.absolute().parents):
+        if candidate.exists():
+            break
+        missing = candidate
+    return missing
+
+
+def _remove_if_unstarted(run: RunDir, created: Path | None) -> None:
+    """The directories this launch created go again when the run failed before any step was saved."""
+    import shutil
+
+    if created is not None and not run.metrics_file.exists() and not run.checkpoints.saved_steps():
+        shutil.rmtree(created, ignore_errors=True)
+        log.info("removed %s: the run failed before its first step was saved", created)
 
 
 # Keys a resume may change: how long the run goes on and how often it validates, saves and logs, not what a
@@ -249,7 +308,8 @@ def resumed_config_changes(cfg: Recipe, run: RunDir) -> list[str]:
     those changes are logged and the new `config.yaml` records them)."""
     import yaml
 
-    from seal.recipe import data_file, to_container
+    from seal.paths import input_path
+    from seal.recipe import model_path_value, to_container
 
     if cfg.trainer.resume == "disable" or not run.config_file.is_file() or not run.checkpoints.saved_steps():
         return []
@@ -264,23 +324,17 @@ def resumed_config_changes(cfg: Recipe, run: RunDir) -> list[str]:
 
     was = leaves(yaml.safe_load(run.config_file.read_text(encoding="utf-8")) or {})
     now = leaves(to_container(cfg))
-    for key in ("data.train_files", "data.val_files"):  # a run saved before paths were made absolute
+    for key in ("data.train_files", "data.val_files", "model.warm_start.path"):  # saved before paths were absolute
         if isinstance(was.get(key), str):
-            was[key] = str(data_file(was[key]))
+            was[key] = str(input_path(was[key]))
+    if isinstance(was.get("model.path"), str):
+        was["model.path"] = model_path_value(was["model.path"], bool(was.get("model.build_tiny")))
     changes = {key: f"{key}: {was.get(key)!r} -> {now.get(key)!r}" for key in sorted(set(was) | set(now))
                if was.get(key) != now.get(key)}
     allowed = [text for key, text in changes.items() if key in RESUME_MAY_CHANGE]
     if allowed:
         log.info("resuming with a new schedule: %s", "; ".join(allowed))
     return [text for key, text in changes.items() if key not in RESUME_MAY_CHANGE]
-
-
-def _recipe_file(conf: str | None) -> Path | None:
-    """`--conf` from the cwd when it exists there, else from the project (`exp/tiny_cpu.yaml` from anywhere)."""
-    if conf is None:
-        return None
-    path = Path(conf).expanduser()
-    return path if path.is_absolute() or path.exists() or not (REPO / path).exists() else REPO / path
 
 
 if __name__ == "__main__":

@@ -41,7 +41,21 @@ def test_the_four_commands_are_declared():
 def test_help_from_any_directory_without_torch(tmp_path, name):
     out = command(tmp_path, name, "--help")
     assert out.returncode == 0, out.stderr
-    assert "usage:" in out.stdout and out.stdout.rstrip().endswith("torch not imported")
+    assert out.stdout.startswith(f"usage: {name} ")  # the usage line names the console command
+    assert out.stdout.rstrip().endswith("torch not imported")
+
+
+def test_env_help_documents_every_flag_with_its_default(tmp_path):
+    options = " ".join(command(tmp_path, "seal-env", "--help").stdout.split()).split("options:", 1)[1]
+    for flag, default in (("--host", "127.0.0.1"), ("--port", "8082"), ("--max-steps", "20"), ("--ttl", "3600.0"),
+                          ("--workers", "4"), ("--max-body-bytes", "1048576"), ("--log-level", "warning")):
+        entry = options.split(f" {flag} {flag[2:].upper().replace('-', '_')} ", 1)[1]  # its entry: flag METAVAR
+        assert entry.split("(default: ", 1)[1].startswith(f"{default})"), flag  # its own help and default
+
+
+def test_tables_without_a_row_says_so(tmp_path):
+    out = command(tmp_path, "seal-tables")
+    assert out.returncode == 2 and "no row given" in out.stderr
 
 
 def test_dry_run_and_config_errors_without_torch(tmp_path):

@@ -129,11 +129,11 @@ def test_a_resume_keeps_its_config_and_refuses_changed_overrides(tmp_path):
               "trainer.total_training_steps=1"]
     from seal import launcher
     from seal.recipe import load_config as load_recipe
-    from seal.recipe import with_data_files
+    from seal.recipe import with_input_paths
     from seal.run_dir import RunDir
 
     def load_config(path, overrides):  # as the launcher loads it
-        return with_data_files(load_recipe(path, overrides))
+        return with_input_paths(load_recipe(path, overrides))
 
     run = RunDir(tmp_path / "r")
     cfg = load_config(REPO / "exp" / "tiny_cpu.yaml", common[2:])
@@ -169,3 +169,41 @@ def test_pointer_files_are_not_owner_only(tmp_path):
 
     path = write_json_atomic(tmp_path / "latest.json", {"step": 1})
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o666 & ~current_umask()
+
+
+def test_a_failed_launch_is_one_line_and_leaves_no_run_directory(tmp_path):
+    """A missing model stops before anything is written; a failure inside the run (here an unknown training
+    task, found by the engine) removes the run directory this launch created. Either way one line, no traceback."""
+    root = tmp_path / "runs"
+    missing = launch("--conf", "exp/tiny_cpu.yaml", f"model.path={tmp_path / 'no_model'}", f"run_root={root}",
+                     timeout=300)
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert "launcher: error: model.path" in missing.stderr and "no model there" in missing.stderr
+    assert not root.exists()
+    failed = launch("--conf", "exp/tiny_cpu.yaml", "data.train_task_ids=[multi_turn_base_9999]",
+                    "model.warm_start.enable=false", f"run_root={root}", timeout=600)
+    assert failed.returncode == 1 and "Traceback" not in failed.stderr
+    (last,) = failed.stderr.strip().splitlines()[-1:]
+    assert last.startswith("launcher: error: ValueError:") and "multi_turn_base_9999" in last
+    assert not root.exists()  # run_root too: this launch made it
+
+
+def test_failure_summary_names_a_dead_ray_actor():
+    """The one-line summary names the Ray actor that died earlier in the chain of causes (verl's last error,
+    TransferQueue's empty batch, only follows from it). Ray's own error, built as Ray builds it."""
+    from ray.core.generated.common_pb2 import ActorDiedErrorContext
+    from ray.exceptions import ActorDiedError
+
+    from seal.launcher import failure_summary
+
+    died = ActorDiedError(ActorDiedErrorContext(class_name="vLLMHttpServer", actor_id=b"\x01" * 16))
+    try:
+        try:
+            raise died
+        except ActorDiedError as exc:
+            raise ValueError("Received an empty list as keys.") from exc
+    except ValueError as exc:
+        line = failure_summary(exc)
+    assert line.startswith("a Ray actor died (vLLMHttpServer: ActorDiedError)")
+    assert line.endswith("ValueError: Received an empty list as keys.")
+    assert failure_summary(RuntimeError("plain")) == "RuntimeError: plain"

@@ -1,4 +1,4 @@
-"""``python -m seal.evaluate``: evaluate any policy on BFCL V3 multi-turn (held-in) or an OOD benchmark.
+"""``seal-eval`` (``python -m seal.evaluate``): evaluate any policy on BFCL V3 multi-turn (held-in) or an OOD benchmark.
 
 Held-in (default): the 400 eval tasks, raw interface (mode ``eval``), greedy decoding, concurrent episodes
 against the env service (started here when ``--env-url`` is not given, and stopped afterwards). Writes an
@@ -48,6 +48,7 @@ from seal.eval.results import (
     write_summary,
 )
 from seal.eval.stats import Estimate, format_estimate
+from seal.paths import input_path
 from seal.redact import guard_output
 from seal.rollout.client import EnvClient, EnvClientError
 from seal.rollout.episode import play_episode, run_all
@@ -275,9 +276,9 @@ class EvalRequest:
 class EvaluationInterrupted(Exception):
     """SIGINT/SIGTERM stopped an evaluation; its finished tasks are written (`summary` has status interrupted)."""
 
-    def __init__(self, summary: dict[str, Any], signum: int):
+    def __init__(self, summary: dict[str, Any], signum: int, out: Path | None = None):
         super().__init__(f"interrupted by signal {signum}: {summary['n']} task(s) finished and kept")
-        self.summary, self.signum = summary, signum
+        self.summary, self.signum, self.out = summary, signum, out
 
 
 def _task_list(split: str, tasks: list[str] | None) -> list[str]:
@@ -290,6 +291,21 @@ def _task_list(split: str, tasks: list[str] | None) -> list[str]:
             raise ValueError(f"unknown task ids: {unknown[:5]}")
         return list(tasks)
     return split_ids(split)
+
+
+def task_set_note(split: str, tasks: Sequence[str] | None) -> str:
+    """What was evaluated: the split, or the given tasks with the split each belongs to (a training task is
+    no held-in number)."""
+    if not tasks:
+        return {"eval": "tasks: the eval split, the 400 held-in tasks (the paper's column)",
+                "train": "tasks: the train split, the 400 training tasks (not held-in)",
+                "all": "tasks: all 800 multi-turn tasks (train and eval splits; BFCL's leaderboard set)"}[split]
+    from env_service.tasks import split_ids
+
+    held_in = set(split_ids("eval"))
+    trained = [t for t in tasks if t not in held_in]
+    note = f"tasks: {len(tasks)} given by --tasks, {len(tasks) - len(trained)} of them from the eval split (held-in)"
+    return note + (f"; from the train split (trained on, not held-in): {_shown(trained)}" if trained else "")
 
 
 def _check_resumable(out: Path, request: EvalRequest, split: str) -> None:
@@ -355,21 +371,31 @@ class _Run:
 
 
 def _start(request: EvalRequest) -> _Run:
-    """Check the request, open the results log (keeping earlier records when resuming), build the policy."""
+    """Check the request and build the policy, and only then claim the output directory: a bad policy, task or
+    setting writes nothing (a rerun after the fix is not refused). Opens the results log (keeping earlier records
+    when resuming)."""
     rules = check_rules(request.rules)
-    claim_output_dir(request.out, resume=request.resume, overwrite=request.overwrite)
     all_ids = _task_list(request.split, request.tasks)
     split = request.split if not request.tasks else "tasks"
+    if request.resume and request.overwrite:
+        raise ValueError("--resume keeps the finished tasks in --out and --overwrite replaces them; give one")
+    if not request.overwrite:  # refused before a model is loaded; --overwrite removes files only further down
+        claim_output_dir(request.out, resume=request.resume)
     if request.resume:
         _check_resumable(request.out, request, split)
-    log_file = ResultsLog(request.out, resume=request.resume)
+    policy = parse_policy(request.policy, request.options or PolicyOptions())
+    try:
+        claim_output_dir(request.out, resume=request.resume, overwrite=request.overwrite)
+        log_file = ResultsLog(request.out, resume=request.resume)
+    except BaseException:
+        asyncio.run(policy.aclose())
+        raise
     write_summary(request.out, build_summary([], request.policy, split, 0.0, [], rules=rules, status="running"))
     kept = {r["task_id"]: r for r in log_file.kept if r["task_id"] in set(all_ids)}
     task_ids = [t for t in all_ids if t not in kept]
-    policy = parse_policy(request.policy, request.options or PolicyOptions())
     options = policy.options or PolicyOptions()  # defaults resolved: the context window read from the model
     notes = [*policy.notes, f"rules: {DESCRIPTIONS[rules]}", "interface: raw (mode eval); decoding: greedy",
-             *request.extra_notes]
+             task_set_note(request.split, request.tasks), *request.extra_notes]
     if request.resume:
         notes.append(f"resumed: {len(kept)} task(s) kept from the earlier run, {len(task_ids)} played now")
     return _Run(request, rules, split, all_ids, task_ids, log_file, options, policy, notes)
@@ -481,11 +507,11 @@ def _finish(run: _Run) -> dict[str, Any]:
     if run.interrupted:
         missing = len(run.all_ids) - len(records)
         notes.append(f"interrupted (signal {run.interrupted[0]}): {len(records)} of {len(run.all_ids)} tasks "
-                     f"finished, {missing} not played; rerun with --resume to finish")
+                     f"finished, {missing} not played; rerun the same command with --resume to finish")
     summary = build_summary(records, run.request.policy, run.split, wall_s, notes, rules=run.rules, status=status)
     write_summary(run.request.out, summary)
     if run.interrupted:
-        raise EvaluationInterrupted(summary, run.interrupted[0])
+        raise EvaluationInterrupted(summary, run.interrupted[0], run.request.out)
     return summary
 
 
@@ -518,18 +544,37 @@ def hf_model_dir(checkpoint: Path) -> Path:
     )
 
 
+def run_eval_name(checkpoint: str, base: EvalRequest) -> str:
+    """`<run>/eval/<name>` of one checkpoint: `last` / `best` for the paper's evaluation (the eval split under the
+    default rules, what `seal-tables` reads from a run directory), else subset-aware like `--policy`'s default
+    names (`last_multi_turn_base_50`, `best_2tasks-<hash>`, `last_eval_official`)."""
+    if not base.tasks and base.split == "eval" and base.rules == DEFAULT_RULES:
+        return checkpoint
+    return default_eval_name(checkpoint, base.split, base.tasks, base.rules, default_rules=DEFAULT_RULES)
+
+
 def evaluate_run(run_dir: Path, backend: str, base: EvalRequest) -> dict[str, dict[str, Any]]:
-    """Evaluate a run's last and best checkpoints into ``<run>/eval/last`` and ``<run>/eval/best``."""
+    """Evaluate a run's last and best checkpoints into ``<run>/eval/<last|best>[_<split or task subset>]``
+    (`run_eval_name`), under the rules of `--policy`: a non-empty directory is refused unless ``resume``
+    (finish an interrupted evaluation) or ``overwrite``; every directory is checked before anything runs."""
     summaries: dict[str, dict[str, Any]] = {}
     done: dict[int, Path] = {}
-    for choice in select_checkpoints(run_dir):
-        out = RunDir(run_dir).eval_dir(choice.name)
-        caveat = ("best is selected on validation = the 400 held-in eval tasks reported here, so its number is "
-                  "optimistic; report `last` as the honest number" if choice.name == "best" else
-                  "last checkpoint: the honest number (no selection on the evaluation tasks)")
+    choices = select_checkpoints(run_dir)
+    outs = {choice.name: RunDir(run_dir).eval_dir(run_eval_name(choice.name, base)) for choice in choices}
+    for out in outs.values():
+        if not base.overwrite and not base.resume and out.is_dir() and any(out.iterdir()):
+            raise ValueError(f"{out} is not empty: refusing to overwrite an earlier result. Give --resume to finish "
+                             "an interrupted evaluation with the same settings, or --overwrite to replace it "
+                             "(--run writes <run>/eval/<last|best>[_<split or task subset>])")
+    what = task_set_note(base.split, base.tasks).removeprefix("tasks: ")
+    for choice in choices:
+        out = outs[choice.name]
+        caveat = (f"best is selected on the run's validation, which plays held-in eval tasks; evaluated here: {what}"
+                  " (a number on validation tasks is optimistic: report `last`)" if choice.name == "best" else
+                  f"last checkpoint: the honest number (no selection on the evaluation tasks); evaluated here: {what}")
         notes = (f"checkpoint {choice.name}: step {choice.step} ({choice.selection})", caveat)
         if choice.step in done:
-            claim_output_dir(out, overwrite=base.overwrite)
+            claim_output_dir(out, overwrite=base.overwrite or base.resume)  # a copy of a finished evaluation
             out.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(done[choice.step] / "results.jsonl", out / "results.jsonl")
             summary = json.loads((done[choice.step] / "summary.json").read_text(encoding="utf-8"))
@@ -554,11 +599,14 @@ def evaluate_run(run_dir: Path, backend: str, base: EvalRequest) -> dict[str, di
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m seal.evaluate", description=__doc__,
+    p = argparse.ArgumentParser(prog="seal-eval", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--policy", help="hf:<path> | vllm:<path> | openai:<base_url>#<model> | ground_truth | empty")
-    p.add_argument("--run", type=Path, help="a run directory: evaluate its last and best checkpoints "
-                   "(into <run>/eval/last and <run>/eval/best)")
+    p.add_argument("--policy", help="hf:<path> | vllm:<path> | openai:<base_url>#<model> | ground_truth | empty; "
+                   "<path> is a model directory (from the cwd when it exists there, else from the project) or a "
+                   "built-in model, e.g. hf:builtin:smollm2")
+    p.add_argument("--run", type=Path, help="a run directory: evaluate its last and best checkpoints (into "
+                   "<run>/eval/last and <run>/eval/best; with --tasks, another --split or --rules "
+                   "<run>/eval/<last|best>_<split or task subset>[_<rules>]); --resume and --overwrite as for --policy")
     p.add_argument("--backend", choices=["hf", "vllm"], default="hf", help="model backend for --run (default hf)")
     p.add_argument("--benchmark", help="an OOD benchmark instead of BFCL V3: bfcl_v4_memory, bfcl_v4_web_search, "
                    "tau2 (its own options: --benchmark tau2 --help)")
@@ -619,8 +667,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.rules == OFFICIAL and (args.official_availability or args.step_limit_scope or args.max_steps):
         p.error("--rules official sets BFCL's own step and availability rules; --official-availability, "
                 "--step-limit-scope and --max-steps tune the release profile only")
-    if args.run and args.resume:
-        p.error("--resume resumes one evaluation directory; give --policy and --out")
+    if args.run and args.out:
+        p.error("--run writes into the run directory, <run>/eval/<last|best>[_<split or task subset>]; drop --out "
+                "(or evaluate one checkpoint with --policy hf:<run>/checkpoints/step_N --out ...)")
     return args
 
 
@@ -671,14 +720,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                            service=_service_settings(args), options=options, progress=not args.no_progress,
                            rules=args.rules, resume=args.resume, overwrite=args.overwrite)
         if args.run:
-            summaries = evaluate_run(args.run, args.backend, base)
+            summaries = evaluate_run(input_path(args.run), args.backend, base)
             return 1 if any(_errored(s) for s in summaries.values()) else 0
         summary = evaluate(base)
         print_summary(summary, base.out)
         return 1 if _errored(summary) else 0
     except EvaluationInterrupted as exc:
-        print_summary(exc.summary, base.out)
-        print(f"interrupted: {exc}; rerun with --resume to finish", file=sys.stderr)
+        print_summary(exc.summary, exc.out or base.out)
+        print(f"interrupted: {exc}; rerun the same command with --resume to finish", file=sys.stderr)
         return 128 + exc.signum
     except (PolicyError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import ipaddress
 import json
 import logging
@@ -243,10 +244,13 @@ class VLLMGenerator:
         return vllm_sampling(params, len(prompt_ids), self.stop_ids)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        engine = self._get_engine()
         final = None
-        async for output in engine.generate({"prompt_token_ids": list(prompt_ids)}, self.sampling(prompt_ids, params),
-                                            request_id=uuid.uuid4().hex):
+        # No local names the engine: vLLM keeps this frame alive after the call (measured: the finished frame was
+        # the engine's one referrer after `aclose`), and an engine that outlives `aclose` is shut down again by
+        # its `__del__` at interpreter exit, with the modules torn down (a TypeError).
+        async for output in self._get_engine().generate({"prompt_token_ids": list(prompt_ids)},
+                                                        self.sampling(prompt_ids, params),
+                                                        request_id=uuid.uuid4().hex):
             final = output
         if final is None or not final.outputs:
             raise PolicyError("vLLM returned no output")
@@ -256,9 +260,16 @@ class VLLMGenerator:
         engine, self._engine = self._engine, None
         if engine is not None and hasattr(engine, "shutdown"):
             # Shut down now, in this event loop: the engine process, its workers and their shared memory
-            # go before the evaluation returns (left to `__del__` at interpreter exit, it fails noisily).
-            engine.shutdown()
-            del engine
+            # go before the evaluation returns. The engine object is then freed here, in a live interpreter
+            # (its `__del__` shuts down once more, harmlessly): once its output handler task has ended and with
+            # no frame of `generate` holding it (see there), nothing else refers to it.
+            handler = getattr(engine, "output_handler", None)
+            engine.shutdown()  # cancels the output handler task, which holds the engine until it has ended
+            if isinstance(handler, asyncio.Task) and handler is not asyncio.current_task():
+                with contextlib.suppress(BaseException):
+                    await asyncio.wait({handler}, timeout=10)
+            del engine, handler
+            gc.collect()
 
 
 # --- OpenAI-compatible servers --------------------------------------------------------------------------
@@ -482,6 +493,28 @@ def _loopback_host(host: str) -> bool:
         return False
 
 
+def local_model(kind: str, name: str) -> str:
+    """The model of `hf:<name>` / `vllm:<name>`: a built-in model (`builtin:smollm2`, built into the model cache
+    when missing), else a directory by the input-path rule (`seal.paths.input_path`: from the cwd when it exists
+    there, else from the project), absolute; `vllm:` also takes a hub id, which vLLM resolves."""
+    from seal.models import builtin_model, is_builtin
+    from seal.paths import input_path
+
+    if name.startswith("builtin:"):
+        if not is_builtin(name):
+            raise PolicyError(f"{kind}: unknown built-in model {name!r}")
+        try:
+            return str(builtin_model(name))
+        except (RuntimeError, OSError, ValueError) as exc:
+            raise PolicyError(f"{kind}:{name}: {exc}") from exc
+    path = input_path(name)
+    if path.exists():
+        return str(path)
+    if kind == "hf":
+        raise PolicyError(f"hf: no model directory at {name!r} (looked in the cwd, then the project)")
+    return name
+
+
 def parse_policy(spec: str, options: PolicyOptions | None = None) -> Policy:
     """Build the policy named by `spec` (see the module docstring); a bad spec raises `PolicyError`."""
     options = options or PolicyOptions()
@@ -499,8 +532,7 @@ def parse_policy(spec: str, options: PolicyOptions | None = None) -> Policy:
         raise PolicyError(f"unknown policy {spec!r}; expected hf:<path>, vllm:<path>, openai:<base_url>#<model>, "
                           "ground_truth or empty")
     if kind in ("hf", "vllm"):
-        if kind == "hf" and not os.path.exists(rest):  # vllm: also takes a hub id (vLLM resolves it)
-            raise PolicyError(f"hf: no model directory at {rest!r}")
+        rest = local_model(kind, rest)
         options = replace(options, max_model_len=resolve_max_model_len(options.max_model_len, rest))
         context = f"context window {options.max_model_len} tokens"
     if kind == "hf":
@@ -512,8 +544,8 @@ def parse_policy(spec: str, options: PolicyOptions | None = None) -> Policy:
         backend = TokenBackend(gen.tokenizer, gen)
         return Policy(spec, "token", lambda task_id: text_agent_from_tokens(backend, options.max_tokens_per_call),
                       token_backend=backend, options=options,
-                      notes=[f"hf: greedy Hugging Face generation on {gen.device}, concurrent calls batched (up to "
-                             f"{gen.max_batch_size} rows); {context}"])
+                      notes=[f"hf: {rest}, greedy Hugging Face generation on {gen.device}, concurrent calls batched "
+                             f"(up to {gen.max_batch_size} rows); {context}"])
     if kind == "vllm":
         vgen = VLLMGenerator(rest, options.tensor_parallel_size, options.gpu_memory_utilization,
                              options.max_model_len, dtype=None if options.dtype == "auto" else options.dtype)
@@ -521,7 +553,7 @@ def parse_policy(spec: str, options: PolicyOptions | None = None) -> Policy:
         backend = TokenBackend(vgen.tokenizer, vgen.generate)
         return Policy(spec, "token", lambda task_id: text_agent_from_tokens(backend, options.max_tokens_per_call),
                       token_backend=backend, options=options, closers=[vgen.aclose],
-                      notes=[f"vllm: greedy vLLM generation ({vgen.describe()}); {context}"])
+                      notes=[f"vllm: {rest}, greedy vLLM generation ({vgen.describe()}); {context}"])
     if kind == "openai":
         base_url, hash_sep, model = rest.rpartition("#")
         if not hash_sep:

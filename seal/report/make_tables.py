@@ -31,7 +31,7 @@ from seal.report import tables
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="seal-tables", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
         "--row",
@@ -72,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
                         "(refused otherwise)")
     parser.add_argument("--out", type=Path, help="write markdown here (default: stdout)")
     args = parser.parse_args(argv)
+    if not args.row and not args.ood and args.map is None:
+        print("seal-tables: error: no row given: name evaluations with --row KEY=DIR, --ood KEY=DIR or --map FILE "
+              "(seal-tables --help)", file=sys.stderr)
+        return 2
 
     try:
         held_in_pairs = [tables.parse_assignment(text) for text in args.row]

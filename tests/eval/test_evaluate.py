@@ -224,7 +224,7 @@ def test_hf_model_dir_explains_verl_checkpoints(tmp_path):
     assert ev.hf_model_dir(tmp_path) == hf
 
 
-def test_run_evaluates_last_and_best_checkpoints(service_url, tmp_path):
+def test_run_evaluates_last_and_best_checkpoints(service_url, tmp_path, capsys):
     import shutil
 
     from seal.tiny_model import build_tiny_qwen2
@@ -237,23 +237,83 @@ def test_run_evaluates_last_and_best_checkpoints(service_url, tmp_path):
     args = ["--run", str(run), "--tasks", "multi_turn_base_100", "--env-url", service_url,
             "--max-tokens-per-call", "4", "--device", "cpu", "--no-progress"]
     assert ev.main(args) == 0
-    last = json.loads((run / "eval" / "last" / "summary.json").read_text())
-    best = json.loads((run / "eval" / "best" / "summary.json").read_text())
+    # A task subset has its own directories (never the paper's eval/last and eval/best).
+    last_dir, best_dir = (run / "eval" / f"{name}_multi_turn_base_100" for name in ("last", "best"))
+    last = json.loads((last_dir / "summary.json").read_text())
+    best = json.loads((best_dir / "summary.json").read_text())
     assert last["checkpoint"]["step"] == 4 and best["checkpoint"]["step"] == 2
     assert last["policy"] == f"hf:{run / 'checkpoints' / 'step_4'}"
     assert any("honest number" in n for n in last["notes"]) and any("optimistic" in n for n in best["notes"])
-    assert len(read_jsonl(run / "eval" / "best" / "results.jsonl")) == 1
-    # The report scripts resolve a run directory to its eval/last (best is selected on the test set).
-    assert read_summary(run)["checkpoint"]["name"] == "last"
+    assert any("evaluated here: 1 given by --tasks" in n for n in best["notes"])
+    assert not any("400" in n for n in best["notes"] if "optimistic" in n)  # says what was evaluated
+    assert len(read_jsonl(best_dir / "results.jsonl")) == 1
+    assert read_summary(last_dir)["checkpoint"]["name"] == "last"
 
     # Best = last: evaluated once, the results copied.
     (run / "checkpoints" / "best.json").write_text(json.dumps(
         {"step": 4, "path": "checkpoints/step_4", "metric": "val/accuracy/average", "value": 0.6}))
-    assert ev.main(args) == 2  # eval/last and eval/best hold results: replaced only when asked
+    assert ev.main(args) == 2  # the directories hold results: replaced only when asked
+    err = capsys.readouterr().err
+    assert "--resume" in err and "--overwrite" in err and "--out" not in err  # only advice that --run takes
     assert ev.main([*args, "--overwrite"]) == 0
-    best = json.loads((run / "eval" / "best" / "summary.json").read_text())
+    best = json.loads((best_dir / "summary.json").read_text())
     assert best["checkpoint"]["step"] == 4 and any("results copied" in n for n in best["notes"])
     assert any("optimistic" in n for n in best["notes"])
     assert not any(n.startswith("last checkpoint") for n in best["notes"])
-    copied, original = (run / "eval" / name / "results.jsonl" for name in ("best", "last"))
-    assert copied.read_text() == original.read_text()
+    assert (best_dir / "results.jsonl").read_text() == (last_dir / "results.jsonl").read_text()
+    # --resume follows --policy's rule: the finished tasks are kept, none is played again.
+    assert ev.main([*args, "--resume"]) == 0
+    last = json.loads((last_dir / "summary.json").read_text())
+    assert any("resumed: 1 task(s) kept" in n for n in last["notes"]) and last["n"] == 1
+
+
+def test_run_names_and_refuses_out(tmp_path):
+    base = ev.EvalRequest(policy="", out=tmp_path)
+    assert ev.run_eval_name("last", base) == "last"  # the paper's evaluation: what seal-tables reads
+    assert ev.run_eval_name("best", ev.EvalRequest(policy="", out=tmp_path, rules="official")) == "best_eval_official"
+    two = ev.EvalRequest(policy="", out=tmp_path, tasks=["multi_turn_base_50", "multi_turn_base_132"])
+    assert ev.run_eval_name("last", two).startswith("last_2tasks-")
+    with pytest.raises(SystemExit):  # --run writes into the run; an --out it would ignore is refused
+        ev.parse_args(["--run", "runs/x", "--out", str(tmp_path)])
+    assert ev.parse_args(["--run", "runs/x", "--resume"]).resume
+
+
+def test_a_failed_start_claims_nothing(service_url, tmp_path, capsys):
+    """A policy that cannot be built writes nothing: the rerun after the fix is not refused, and an earlier
+    result survives a bad --overwrite."""
+    out = tmp_path / "evals" / "x"
+    common = ["--tasks", "multi_turn_base_50", "--env-url", service_url, "--no-progress", "--out", str(out)]
+    assert ev.main(["--policy", f"hf:{tmp_path / 'nonexistent_dir'}", *common]) == 2
+    assert "no model directory" in capsys.readouterr().err
+    assert not out.exists()
+    assert ev.main(["--policy", "vllm:builtin:nonexistent", *common]) == 2
+    assert "unknown built-in model" in capsys.readouterr().err and not out.exists()
+    assert ev.main(["--policy", "empty", *common]) == 0  # the rerun after the fix
+    before = (out / "results.jsonl").read_text()
+    assert ev.main(["--policy", "hf:nonexistent_dir", *common, "--overwrite"]) == 2
+    assert (out / "results.jsonl").read_text() == before
+    assert json.loads((out / "summary.json").read_text())["status"] == "complete"
+
+
+def test_notes_say_which_tasks_were_evaluated(service_url, tmp_path):
+    summary = ev.evaluate(ev.EvalRequest(policy="empty", out=tmp_path, tasks=["multi_turn_base_50",
+                                         "multi_turn_base_0"], env_url=service_url, progress=False))
+    (note,) = [n for n in summary["notes"] if n.startswith("tasks:")]
+    assert "2 given by --tasks, 1 of them from the eval split" in note
+    assert note.endswith("from the train split (trained on, not held-in): multi_turn_base_0")
+    assert ev.task_set_note("eval", None).startswith("tasks: the eval split, the 400 held-in tasks")
+
+
+def test_policy_paths_follow_the_input_path_rule(tmp_path, monkeypatch):
+    """`hf:<dir>` from the cwd when it exists there, else from the project (like every input path)."""
+    from seal.eval.policies import local_model
+    from seal.paths import PROJECT_ROOT
+
+    monkeypatch.chdir(tmp_path)
+    assert local_model("hf", "exp") == str(PROJECT_ROOT / "exp")  # not in the cwd: the project's
+    (tmp_path / "exp").mkdir()
+    assert local_model("hf", "exp") == str(tmp_path / "exp")  # the cwd's first
+    assert local_model("vllm", "Org/hub-model") == "Org/hub-model"  # vllm: a hub id is left to vLLM
+    with pytest.raises(PolicyError, match="looked in the cwd, then the project"):
+        local_model("hf", "no/such/dir")
+

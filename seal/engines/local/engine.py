@@ -577,15 +577,9 @@ def enable_gradient_checkpointing(model: Any) -> None:
 
 
 def prepare_model_path(cfg: C.Recipe) -> Path:
-    """The model directory; with `model.build_tiny` the tiny random Qwen2, built first when missing (only inside
-    the model cache, `seal.tiny_model.prepare_tiny_model`)."""
-    path = Path(cfg.model.path)
-    if cfg.model.build_tiny:
-        from seal.tiny_model import prepare_tiny_model
-
-        return prepare_tiny_model(path, hidden=cfg.model.tiny.hidden, layers=cfg.model.tiny.layers,
-                                  seed=cfg.model.tiny.seed)
-    return path if path.exists() else Path(cfg.model.path)  # a hub id: transformers resolves it
+    """The model directory (`seal.recipe.model_dir`: a built-in model, the tiny model built when missing with
+    `model.build_tiny`, a local directory by the input-path rule, or a hub id that transformers resolves)."""
+    return Path(C.model_dir(cfg))
 
 
 # --------------------------------------------------------------------------- log-probs and the update

