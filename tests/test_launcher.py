@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-
-import httpx
-import pytest
-
-from env_service.process import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -80,46 +74,6 @@ def test_entry_points_work_from_any_directory(tmp_path):
     assert not any(tmp_path.iterdir())  # a dry run writes nothing
     missing = launch("--conf", "exp/tiny_cpu.yaml", "data.val_files=data/nowhere.parquet", "--dry-run")
     assert missing.returncode == 2 and "data file not found: data.val_files = data/nowhere.parquet" in missing.stderr
-
-
-@pytest.mark.slow  # trains: the launcher, the env service and one PPO step
-def test_tiny_run_end_to_end(tmp_path):
-    """1 step, 2 tasks x 2 rollouts, 2 validation tasks, through the launcher, which starts and stops the
-    env service itself: service start, rollouts, grading, A-Patch, capability update, Ω evolution,
-    PPO update, validation, checkpoint."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    out = launch("--conf", "exp/tiny_cpu.yaml", f"run_root={tmp_path}", f"model.path={tmp_path / 'models' / 'tiny'}",
-                 f"env.urls=[{url}]", "model.warm_start.enable=false", "rollout.n=2",  # the random tiny model
-                 "data.max_train_tasks=2", "data.train_batch_size=2", "data.max_val_tasks=2",
-                 "actor.ppo_mini_batch_size=1", "trainer.total_training_steps=1", "experiment_name=smoke",
-                 env={"BFCL_PROJECT_ROOT": str(tmp_path / "bfcl_root"), "SEAL_MODEL_CACHE": str(tmp_path / "models")})
-    assert out.returncode == 0, out.stderr[-4000:]
-    run = tmp_path / "smoke"
-    assert "engine: local" in (run / "config.yaml").read_text()
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1]
-    before, step = rows
-    assert before["val/count/multi_turn_base"] == 1 and before["val/count/multi_turn_miss_func"] == 1
-    assert 0.0 <= before["val/accuracy/average"] <= 1.0
-    for key in ("train/reward_mean", "train/accuracy_mean", "train/excluded", "apatch/enabled",
-                "apatch/mean_scale", "capability/observe_count", "interface/version", "actor/pg_loss",
-                "actor/grad_norm", "timing/rollout", "timing/update", "val/accuracy/average"):
-        assert key in step, key
-    assert step["train/num_rollouts"] == 4 and step["capability/observe_count"] == 4 - step["train/excluded"]
-    assert any(k.startswith("train/tag_frac/") for k in step)
-    latest = json.loads((run / "checkpoints" / "latest.json").read_text())
-    assert latest == {"step": 1, "path": "checkpoints/step_1"}
-    ckpt = run / latest["path"]
-    state = json.loads((ckpt / "seal_state.json").read_text())
-    assert state["last_step"] == 1 and state["capability"]["observe_count"] == step["capability/observe_count"]
-    assert state["omega"]["version"] == step["interface/version"]
-    assert (ckpt / "config.json").is_file() and (ckpt / "model.safetensors").is_file()
-    assert (ckpt / "tokenizer.json").is_file() and (ckpt / "trainer_state.pt").is_file()
-    assert json.loads((run / "checkpoints" / "best.json").read_text())["metric"] == "val/accuracy/average"
-    assert (run / "env_service.log").is_file()
-    with pytest.raises(httpx.HTTPError):  # the launcher stopped the service it started
-        httpx.get(f"{url}/healthz", timeout=2.0)
 
 
 def test_a_resume_keeps_its_config_and_refuses_changed_overrides(tmp_path):
