@@ -52,3 +52,25 @@ def shm_leftovers(before: set[str], settle_s: float = 30.0) -> set[str]:
         time.sleep(1)
         first &= unmapped()
     return first
+
+
+class BackgroundHTTPServer:
+    """A `ThreadingHTTPServer` with `handler` on a free loopback port, served from a thread for the time of a
+    `with` block; `address` is its `http://127.0.0.1:<port>`."""
+
+    def __init__(self, handler: type) -> None:
+        import threading
+        from http.server import ThreadingHTTPServer
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.address = f"http://127.0.0.1:{self.server.server_port}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()

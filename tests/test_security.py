@@ -22,8 +22,7 @@ import json
 import logging
 import os
 import secrets
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -31,11 +30,12 @@ import pytest
 from env_service.parser import format_tool_call
 from env_service.process import free_port
 from seal import redact
+from tests.helpers import BackgroundHTTPServer
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-class EchoServer:
+class EchoServer(BackgroundHTTPServer):
     """An OpenAI-compatible chat endpoint on loopback that records every request (headers and body) and
     replies with `reply(messages)`."""
 
@@ -58,18 +58,8 @@ class EchoServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}/v1"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> EchoServer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join()
+        super().__init__(Handler)
+        self.url = self.address + "/v1"
 
     def everything(self) -> str:
         return json.dumps(self.requests)

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import ast
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, urlparse
 
 import pytest
@@ -21,11 +20,12 @@ import pytest
 from seal.eval import bfcl_v4_backends as backends
 from seal.eval import ood
 from seal.eval.policies import Policy
+from tests.helpers import BackgroundHTTPServer
 
 KEY = "test-serpapi-key"
 
 
-class StandIn:
+class StandIn(BackgroundHTTPServer):
     """SerpAPI's search endpoint and the result pages, on 127.0.0.1 (module docstring)."""
 
     def __init__(self, pages: dict[str, str]):
@@ -66,18 +66,8 @@ class StandIn:
                 return self.reply(200, json.dumps({"search_metadata": {"status": "Success"},
                                                    "organic_results": found}))
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> StandIn:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join()
+        super().__init__(Handler)
+        self.url = self.address + ""
 
 
 def _last_result(messages):

@@ -31,8 +31,23 @@ def _prompts(n: int, seed: int = 0) -> list[list[int]]:
     return [[rng.randrange(1000, 100_000) for _ in range(rng.randrange(20, 300))] for _ in range(n)]
 
 
-def test_greedy_batch_equals_one_at_a_time_and_transformers_generate(tiny):
+def _agrees_with_transformers(model, gen, prompt: list[int], out, max_tokens: int) -> None:
+    """`out` is transformers' own greedy `generate` of `prompt`, and its log-probs are the model's teacher-forced
+    log-probabilities of those tokens."""
     from transformers import GenerationConfig
+
+    ref = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                         generation_config=GenerationConfig(max_new_tokens=max_tokens, do_sample=False,
+                                                            eos_token_id=gen.stop_ids, pad_token_id=gen.pad_id))
+    assert out.token_ids == ref[0, len(prompt):].tolist()
+    full = torch.tensor([prompt + out.token_ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(full).logits[0, len(prompt) - 1:-1].float(), -1)
+    expected = logp.gather(-1, torch.tensor(out.token_ids).unsqueeze(-1)).squeeze(-1)
+    assert torch.allclose(torch.tensor(out.logprobs), expected, atol=1e-4)
+
+
+def test_greedy_batch_equals_one_at_a_time_and_transformers_generate(tiny):
 
     model, tok = tiny
     gen = HFGenerator(model, tok, CPU)
@@ -44,16 +59,7 @@ def test_greedy_batch_equals_one_at_a_time_and_transformers_generate(tiny):
         assert out.token_ids == alone.token_ids and out.finish_reason == alone.finish_reason
         if k >= 2:
             continue  # transformers' generate and the log-prob check on the first two
-        ref = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                             generation_config=GenerationConfig(max_new_tokens=10, do_sample=False,
-                                                                eos_token_id=gen.stop_ids, pad_token_id=gen.pad_id))
-        assert out.token_ids == ref[0, len(prompt):].tolist()
-        # log-probs: the model's own teacher-forced log-probabilities of the sampled tokens
-        full = torch.tensor([prompt + out.token_ids])
-        with torch.no_grad():
-            logp = torch.log_softmax(model(full).logits[0, len(prompt) - 1:-1].float(), -1)
-        expected = logp.gather(-1, torch.tensor(out.token_ids).unsqueeze(-1)).squeeze(-1)
-        assert torch.allclose(torch.tensor(out.logprobs), expected, atol=1e-4)
+        _agrees_with_transformers(model, gen, prompt, out, max_tokens=10)
 
 
 def test_rows_stop_on_their_own_and_leave_the_batch(tiny):
@@ -128,7 +134,6 @@ def test_the_batch_cache_is_written_in_place_across_buckets(tiny, monkeypatch):
     new tensor per layer and step); attention sees views rounded up to KV_BUCKET positions with the unwritten tail
     masked. A bucket of 4 makes the views cross many boundaries: the output is still transformers' own greedy
     `generate` and the model's teacher-forced log-probs."""
-    from transformers import GenerationConfig
 
     model, tok = tiny
     monkeypatch.setattr(H, "KV_BUCKET", 4)
@@ -160,15 +165,7 @@ def test_the_batch_cache_is_written_in_place_across_buckets(tiny, monkeypatch):
     assert all(len(ptrs) == 1 for ptrs in by_rows.values())  # one buffer while the rows stay: no reallocation
     assert sorted(by_rows) == [2, 3] and outs[1].finish_reason == "length"  # row 1 left after 3 tokens
     for prompt, out, lim in zip(prompts, outs, limits, strict=True):
-        ref = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                             generation_config=GenerationConfig(max_new_tokens=lim.max_tokens, do_sample=False,
-                                                                eos_token_id=gen.stop_ids, pad_token_id=gen.pad_id))
-        assert out.token_ids == ref[0, len(prompt):].tolist()
-        full = torch.tensor([prompt + out.token_ids])
-        with torch.no_grad():
-            logp = torch.log_softmax(model(full).logits[0, len(prompt) - 1:-1].float(), -1)
-        expected = logp.gather(-1, torch.tensor(out.token_ids).unsqueeze(-1)).squeeze(-1)
-        assert torch.allclose(torch.tensor(out.logprobs), expected, atol=1e-4)
+        _agrees_with_transformers(model, gen, prompt, out, max_tokens=lim.max_tokens)
 
 
 def test_a_cache_in_the_autocast_dtype_gives_the_same_attention(tiny):
