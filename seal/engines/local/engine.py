@@ -556,8 +556,7 @@ def prepare_model_path(cfg: C.Recipe) -> Path:
     if cfg.model.build_tiny:
         from seal.tiny_model import prepare_tiny_model
 
-        return prepare_tiny_model(path, hidden=cfg.model.tiny.hidden, layers=cfg.model.tiny.layers,
-                                  seed=cfg.model.tiny.seed)
+        return prepare_tiny_model(path, **vars(cfg.model.tiny))  # hidden, layers, seed, heads, kv_heads
     return path if path.exists() else Path(cfg.model.path)  # a hub id: transformers resolves it
 
 

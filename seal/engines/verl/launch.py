@@ -152,7 +152,8 @@ BUILTIN_MODELS = {"builtin:smollm2": "seal.models.smollm2:build_smollm2"}
 
 def model_path(cfg: C.Recipe) -> str:
     """`model.path` as every Ray process sees it: a built-in model's cached build (built when missing), a local
-    directory made absolute (built first when `model.build_tiny` is on, the CPU path), else a hub id as given."""
+    directory made absolute (built first when `model.build_tiny` is on, the CPU path; with `model.warm_start.enable`
+    the warm-started model built from it, `seal.engines.local.warm_start`), else a hub id as given."""
     if cfg.model.path in BUILTIN_MODELS:
         import importlib
 
@@ -162,8 +163,13 @@ def model_path(cfg: C.Recipe) -> str:
     if cfg.model.build_tiny:
         from seal.tiny_model import prepare_tiny_model
 
-        path = prepare_tiny_model(path, hidden=cfg.model.tiny.hidden, layers=cfg.model.tiny.layers,
-                                  seed=cfg.model.tiny.seed)
+        path = prepare_tiny_model(path, **vars(cfg.model.tiny))  # hidden, layers, seed, heads, kv_heads
+    if cfg.model.warm_start.enable:  # the starting policy (and the KL reference), as in the local engine
+        from seal.engines.data import load_tasks
+        from seal.engines.local.warm_start import build_warm_start
+
+        tasks = load_tasks(_abs(cfg.data.train_files), cfg.data.max_train_tasks, cfg.data.train_task_ids)
+        path = build_warm_start(cfg, path, tasks)
     return str(path.resolve()) if path.exists() else cfg.model.path
 
 
