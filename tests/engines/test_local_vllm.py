@@ -22,7 +22,7 @@ from tests.helpers import mapped_elsewhere
 
 REPO = Path(__file__).resolve().parents[2]
 # The vLLM-capable tiny model (head_dim 32) of exp/tiny_verl_learn.yaml, on exp/tiny_cpu.yaml's task pair.
-LEARN_MODEL = ("model.tiny.heads=2", "model.tiny.kv_heads=1")
+LEARN_MODEL = ("model.tiny.heads=2", "model.tiny.kv_heads=2", "model.warm_start.max_steps=140")
 PROBE = [151644, 872, 198, 9707, 11, 1879, 0, 151645, 198, 151644, 77091, 198]  # a user turn + assistant header
 
 
