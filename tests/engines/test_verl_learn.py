@@ -31,7 +31,7 @@ pytest.importorskip("verl")
 pytest.importorskip("vllm")
 
 REPO = Path(__file__).resolve().parents[2]
-TIMEOUT_S = 1800  # hang guard; docs/verl_engine.md has the measured wall time
+TIMEOUT_S = 3600  # hang guard; docs/verl_engine.md ("Learning on CPU") has the measured times
 STEPS = 3
 
 
@@ -61,7 +61,7 @@ def _launch(run_root: Path, cache: Path, port: int) -> None:
     assert not _processes_with(env["BFCL_PROJECT_ROOT"]), _processes_with(env["BFCL_PROJECT_ROOT"])
 
 
-@pytest.mark.slow  # one verl launch on CPU (docs/verl_engine.md, "Learning on CPU": ~10 min on 2 cores)
+@pytest.mark.slow  # one verl launch on CPU: over the CI budget so far (docs/verl_engine.md, "Learning on CPU")
 def test_verl_learns_on_cpu(tmp_path, tmp_path_factory):
     import torch
     from transformers import AutoModelForCausalLM
