@@ -86,22 +86,34 @@ def build_tiny_qwen2(
     return out
 
 
-def prepare_tiny_model(path: str | os.PathLike, hidden: int = 64, layers: int = 1, seed: int = 0) -> Path:
+def prepare_tiny_model(path: str | os.PathLike, hidden: int = 64, layers: int = 1, seed: int = 0, heads: int = 4,
+                       kv_heads: int = 2) -> Path:
     """`model.build_tiny`: the model at `path`, built there first when it has no `config.json` yet.
 
     Builds only inside the project's model cache (`seal.models.model_cache_dir`, default `runs/_models`): a
     path elsewhere is the user's, and one without a model is an error (a typo must not train a random model,
-    nor write one into a directory the user named)."""
+    nor write one into a directory the user named). A model already in the cache must have the asked shape
+    (`model.tiny.*`): a recipe that changes the heads must not silently train the model built for another."""
+    import json
+
     from seal.models import model_cache_dir
 
     given = Path(path).expanduser()
     target = given.resolve()
-    if (target / "config.json").is_file():
-        return target
     cache = model_cache_dir().resolve()
+    if (target / "config.json").is_file():
+        if target.is_relative_to(cache):
+            found = json.loads((target / "config.json").read_text())
+            want = {"hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+                    "num_key_value_heads": kv_heads}
+            differ = {k: (found.get(k), v) for k, v in want.items() if found.get(k) != v}
+            if differ:
+                raise ValueError(f"model.path {given}: the tiny model built there has another shape than "
+                                 f"model.tiny asks ({', '.join(f'{k} {a} != {b}' for k, (a, b) in differ.items())}); "
+                                 "give model.path a directory of its own for this shape")
+        return target
     if not target.is_relative_to(cache):
         raise ValueError(f"model.path {given}: no model there (no config.json), and model.build_tiny builds only "
                          f"inside the model cache {cache} (e.g. model.path={cache / 'tiny_qwen2'}; "
                          "SEAL_MODEL_CACHE moves the cache)")
-    return build_tiny_qwen2(target, hidden=hidden, layers=layers, seed=seed)
-
+    return build_tiny_qwen2(target, hidden=hidden, layers=layers, seed=seed, heads=heads, kv_heads=kv_heads)

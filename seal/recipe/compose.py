@@ -399,7 +399,6 @@ def model_dir(cfg: Recipe) -> str:
     if cfg.model.build_tiny:
         from seal.tiny_model import prepare_tiny_model
 
-        tiny = cfg.model.tiny
-        return str(prepare_tiny_model(input_path(cfg.model.path), hidden=tiny.hidden, layers=tiny.layers,
-                                      seed=tiny.seed))
+        # hidden, layers, seed, heads, kv_heads
+        return str(prepare_tiny_model(input_path(cfg.model.path), **vars(cfg.model.tiny)))
     return model_path_value(cfg.model.path, build_tiny=False)

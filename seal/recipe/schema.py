@@ -50,6 +50,12 @@ KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 # A-Patch is defined on top of GRPO's group-relative advantages (docs/paper.md §5).
 ADV_ESTIMATORS = ("grpo",)
+# verl 0.9.1's rollout correction (verl.trainer.config.algorithm.RolloutCorrectionConfig): importance-sampling
+# weights per token or per sequence, and rejection sampling (masking) modes; "none" = verl's null (not "off":
+# YAML reads an unquoted off as false).
+ROLLOUT_IS_LEVELS = ("none", "token", "sequence")
+ROLLOUT_RS_MODES = ("none", "token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
+                    "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
 
 
 class ConfigError(ValueError):
@@ -68,14 +74,19 @@ class ConfigError(ValueError):
 class TinyModelConfig:
     hidden: int = knob(64, source="ours", ge=1, help="hidden size of the random tiny Qwen2")
     layers: int = knob(1, source="ours", ge=1, help="decoder layers of the random tiny Qwen2")
+    heads: int = knob(4, source="ours", ge=1,
+                      help="attention heads (head_dim = hidden / heads; vLLM's CPU attention needs head_dim >= 32, "
+                           "e.g. hidden 64 with 2 heads)")
+    kv_heads: int = knob(2, source="ours", ge=1, help="key/value heads (grouped-query attention; divides heads)")
     seed: int = knob(0, source="ours", help="seed of its random weights")
 
 
 @dataclass(frozen=True)
 class WarmStartConfig:
     enable: bool = knob(False, source="ours",
-                        help="local engine: first a short supervised phase on the training tasks' ground-truth "
-                             "replies (seal/engines/local/warm_start.py); the result is cached at path")
+                        help="local engine, or verl on trainer.device cpu: first a short supervised phase on the "
+                             "training tasks' ground-truth replies (seal/engines/local/warm_start.py); the result "
+                             "is cached at path")
     path: str = knob("runs/_models/tiny_qwen2_warm", source="ours", help="where the warm-started model is kept")
     max_steps: int = knob(300, source="ours", ge=0, help="most supervised steps (each over every training task)")
     lr: float = knob(1.0e-2, source="ours", gt=0, help="AdamW lr of the supervised phase (no weight decay)")
@@ -235,11 +246,29 @@ class ActorConfig:
 
 
 @dataclass(frozen=True)
+class RolloutCorrectionConfig:
+    rollout_is: str = knob("none", source="ours", choices=ROLLOUT_IS_LEVELS,
+                           help="verl engine: importance-sampling weights pi_actor / pi_rollout on the policy loss, "
+                                "per token or per sequence, truncated at rollout_is_threshold (TIS); none = off "
+                                "(the paper has none). For a rollout in another precision than the actor (bf16 vLLM "
+                                "against an fp32 FSDP actor on GPU)")
+    rollout_is_threshold: float = knob(2.0, source="ours", gt=0, help="upper bound the IS weights are truncated to")
+    rollout_is_batch_normalize: bool = knob(False, source="ours", help="rescale the IS weights to mean 1 per batch")
+    rollout_rs: str = knob("none", source="ours", choices=ROLLOUT_RS_MODES,
+                           help="verl engine: rejection sampling (masked IS): tokens or sequences whose rollout/actor "
+                                "divergence passes rollout_rs_threshold leave the loss; none = off")
+    rollout_rs_threshold: str | None = knob(None, source="ours",
+                                            help="rollout_rs's bound: 'lower_upper' ratio bounds for *_k1 modes "
+                                                 "(e.g. '0.5_2.0'), an upper bound for k2/k3 (e.g. '0.01')")
+
+
+@dataclass(frozen=True)
 class AlgorithmConfig:
     adv_estimator: str = knob("grpo", source="paper", choices=ADV_ESTIMATORS,
                               help="advantage estimator (A-Patch reweights GRPO's advantages)")
     norm_adv_by_std_in_grpo: bool = knob(True, source="release", help="divide GRPO advantages by the group std")
     use_kl_in_reward: bool = knob(False, source="paper", help="KL penalty inside the reward (off: KL is a loss)")
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
 
 @dataclass(frozen=True)
@@ -304,14 +333,25 @@ class Recipe:
             problems.append("trainer.resume: auto | disable | <checkpoint dir>")
         if self.model.build_tiny and self.engine != "local" and self.trainer.device != "cpu":
             problems.append("model.build_tiny is for engine: local only (or engine verl with trainer.device: cpu)")
-        if self.model.warm_start.enable and self.engine != "local":
-            problems.append("model.warm_start.enable is for engine: local only")
+        tiny = self.model.tiny
+        if tiny.heads >= 1 and tiny.kv_heads >= 1 and (tiny.hidden % tiny.heads or tiny.heads % tiny.kv_heads):
+            problems.append(f"model.tiny: hidden ({tiny.hidden}) must be a multiple of heads ({tiny.heads}) and heads "
+                            f"a multiple of kv_heads ({tiny.kv_heads})")
+        if self.model.warm_start.enable and self.engine != "local" and self.trainer.device != "cpu":
+            problems.append("model.warm_start.enable is for engine: local, or engine verl with trainer.device: cpu "
+                            "(the supervised phase runs on the CPU, before verl starts)")
         if self.rollout.backend != "auto" and self.engine != "local":
             problems.append("rollout.backend is the local engine's generation (the verl engine generates with vLLM, "
                             "or with its Hugging Face server on CPU)")
         if self.rollout.backend == "vllm" and self.rollout.deterministic_generation:
             problems.append("rollout.deterministic_generation is Hugging Face's one-call-at-a-time mode: use it with "
                             "rollout.backend hf or auto (vLLM batches calls)")
+        corr = getattr(self.algorithm, "rollout_correction", None)
+        if corr is not None and corr.rollout_rs != "none" and not corr.rollout_rs_threshold:
+            problems.append(f"algorithm.rollout_correction.rollout_rs is {corr.rollout_rs}: set rollout_rs_threshold")
+        if corr is not None and (corr.rollout_is, corr.rollout_rs) != ("none", "none") and self.engine != "verl":
+            problems.append("algorithm.rollout_correction is verl's (engine: verl); the local engine's rollout "
+                            "log-probs are checked instead (rollout/probs_diff_*)")
         if self.data.sampler == "failure_profile" and self.engine != "local":
             problems.append("data.sampler: failure_profile is for engine: local only (verl's data loader draws "
                             "its own batches)")

@@ -1,9 +1,11 @@
 """The local engine's `rollout.backend`: vLLM in the training process (the real CPU build, no fakes), its weights
-synced after every update and checked against the actor's log-probs; `auto`'s choice; the recipe rules."""
+synced after every update and checked against the actor's log-probs; the engine learning with it (the embedded
+default's warm start on a vLLM-capable tiny model); `auto`'s choice; the recipe rules."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import threading
 from pathlib import Path
@@ -13,16 +15,32 @@ import torch
 
 from seal import recipe as C
 from seal.engines.local import engine as E
+from seal.engines.local import warm_start as W
 from seal.rollout.types import SamplingParams
 from tests.engines.test_local_engine import _resume_cfg
 from tests.helpers import shm_leftovers
 
 REPO = Path(__file__).resolve().parents[2]
+# The vLLM-capable tiny model (head_dim 32) of exp/tiny_verl_learn.yaml, on exp/tiny_cpu.yaml's task pair.
+LEARN_MODEL = ("model.tiny.heads=2", "model.tiny.kv_heads=2", "model.warm_start.max_steps=140")
 PROBE = [151644, 872, 198, 9707, 11, 1879, 0, 151645, 198, 151644, 77091, 198]  # a user turn + assistant header
 
 
 def _shm() -> set[str]:
     return set(os.listdir("/dev/shm"))
+
+
+def learn_model_cache(tmp_path_factory) -> Path:
+    """One model cache per test session for the warm-started vLLM-capable tiny model: the local engine's learning
+    test and the verl one (tests/engines/test_verl_learn.py) build the same warm start (same inputs, same cache
+    key), so whichever runs second loads it."""
+    path = tmp_path_factory.getbasetemp() / "learn_models"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def learn_paths(cache: Path) -> tuple[str, ...]:
+    return (f"model.path={cache / 'tiny_qwen2_h2'}", f"model.warm_start.path={cache / 'tiny_qwen2_h2_warm'}")
 
 
 
@@ -85,6 +103,44 @@ def test_vllm_backend_samples_with_the_updated_weights(tmp_path, peaked, service
     assert not [t for t in threading.enumerate() if t.name == "vllm-generation"]  # the worker ended
     assert set(psutil.Process().children(recursive=True)) <= children_before  # in-process: no engine process
     assert not shm_leftovers(shm_before)
+
+
+@pytest.mark.slow  # the warm start (~2 min, shared with the verl learning test) and 3 steps (~1 min each)
+def test_the_local_engine_learns_with_vllm(tmp_path, tmp_path_factory, service_url, monkeypatch):
+    """exp/tiny_cpu.yaml's warm start and task pair on the vLLM-capable tiny model, with `rollout.backend: vllm`:
+    every step whose groups have a reward spread updates the actor, vLLM samples with the synced weights
+    (`rollout/probs_diff_max`), and the exact probability of each task's ground truth rises."""
+    pytest.importorskip("vllm")
+    cache = learn_model_cache(tmp_path_factory)
+    monkeypatch.setenv("SEAL_MODEL_CACHE", str(cache))  # model.build_tiny builds only inside the model cache
+    cfg = C.load_config(REPO / "exp" / "tiny_cpu.yaml", [
+        *LEARN_MODEL, *learn_paths(cache), f"env.urls=[{service_url}]", f"run_root={tmp_path}",
+        "rollout.backend=vllm", "rollout.deterministic_generation=false", "trainer.total_training_steps=3",
+        "trainer.val_before_train=false", "trainer.test_freq=0", "trainer.save_freq=0"])
+    run = E.setup(cfg, C.run_dir(cfg))
+    try:
+        assert isinstance(run.vllm, E.ColocatedVLLM)
+        episodes = W.probe_episodes(cfg.model.warm_start.path)
+        gt = [i for i, e in enumerate(episodes) if e["kind"] == "ground_truth"]
+        assert len(gt) == 2
+        start = W.probe_episode_probs(run.model, episodes)
+        info = json.loads((Path(cfg.model.warm_start.path) / W.INFO_FILE).read_text())
+        for i in gt:  # the warm start's own measurement of the model the run starts from
+            assert start[i] == pytest.approx(info["prob"][episodes[i]["task_id"]], rel=1e-4)
+            assert 0.1 < start[i] < 0.9  # the decision is open: groups can mix
+        metrics = []
+        for step in (1, 2, 3):
+            m = E.training_step(run, step)
+            metrics.append(m)
+            print(f"step {step}: reward {m['train/reward_mean']:.3f} skipped {m['actor/update_skipped']} "
+                  f"probs_diff_max {m['rollout/probs_diff_max']:.2e} step {m.get('timing/step', float('nan')):.0f} s")
+            assert m["rollout/probs_diff_max"] < 1e-3, m  # vLLM sampled with the weights of the last update
+        end = W.probe_episode_probs(run.model, episodes)
+    finally:
+        E.close(run)
+    assert any(m["actor/update_skipped"] == 0.0 for m in metrics)
+    print("p(ground truth):", [round(start[i], 3) for i in gt], "->", [round(end[i], 3) for i in gt])
+    assert sum(end[i] for i in gt) > sum(start[i] for i in gt) + 0.1, (start, end)
 
 
 def test_auto_takes_hf_for_a_model_vllm_cannot_run(tmp_path):

@@ -38,13 +38,17 @@ FIRST_RUN_TIMEOUT_S = 2700
 RESUME_TIMEOUT_S = 1200
 
 
-def _launch(run_root: Path, port: int, *extra: str, timeout: float) -> str:
+def launch_verl(run_root: Path, port: int, *extra: str, timeout: float, conf: str = "exp/tiny_verl_cpu.yaml",
+                **env_extra: str) -> str:
+    """`python launcher.py --conf <conf>` as a process of its own, bounded by `timeout` (past it every process of
+    the run is killed and the test fails); checks that it exited 0 listening on loopback only and left no process
+    and no /dev/shm segment. Returns its log."""
     # SmolLM2 comes from the project's model cache, built once for every test that reads it (a build takes a
     # minute or two); a build is atomic, so tests that race for it both end with one complete copy.
     # The checkpoint-signing key lives under XDG_CONFIG_HOME: one per test, the same for both launches.
     env = dict(os.environ, PYTHONPATH=str(REPO), BFCL_PROJECT_ROOT=str(run_root / "bfcl_root"),
-               XDG_CONFIG_HOME=str(run_root / "config"))
-    cmd = [sys.executable, "launcher.py", "--conf", "exp/tiny_verl_cpu.yaml", f"run_root={run_root}",
+               XDG_CONFIG_HOME=str(run_root / "config"), **env_extra)
+    cmd = [sys.executable, "launcher.py", "--conf", conf, f"run_root={run_root}",
            f"env.urls=[http://127.0.0.1:{port}]", *extra]
     shm_before = set(os.listdir("/dev/shm"))
     log_path = run_root / f"launcher_{len(list(run_root.glob('launcher_*.log')))}.log"
@@ -71,7 +75,7 @@ def _launch(run_root: Path, port: int, *extra: str, timeout: float) -> str:
     return log
 
 
-def _by_step(metrics_file: Path) -> dict[int, dict]:
+def by_step(metrics_file: Path) -> dict[int, dict]:
     out: dict[int, dict] = {}
     for line in metrics_file.read_text().splitlines():
         row = json.loads(line)
@@ -99,10 +103,10 @@ def _update_checked(m: dict) -> None:
 @pytest.mark.xdist_group("verl_launch")  # one verl run at a time (tests/conftest.py)
 def test_verl_trainer_runs_the_seal_step_on_cpu_and_resumes(tmp_path):
     port = free_port()
-    _launch(tmp_path, port, "trainer.total_training_steps=1", "trainer.val_before_train=false",
+    launch_verl(tmp_path, port, "trainer.total_training_steps=1", "trainer.val_before_train=false",
             "trainer.test_freq=1", "trainer.save_freq=1", timeout=FIRST_RUN_TIMEOUT_S)
     run = tmp_path / "tiny_verl_cpu"
-    steps = _by_step(run / "metrics.jsonl")
+    steps = by_step(run / "metrics.jsonl")
 
     # The run was verl's vLLM rollout on the real model.
     resolved = (run / "verl_config.yaml").read_text()
@@ -118,11 +122,11 @@ def test_verl_trainer_runs_the_seal_step_on_cpu_and_resumes(tmp_path):
 
     # Same command, one more step: verl resumes from global_step_1 and says so, SEAL state included
     # (without validation: it was checked above).
-    log = _launch(tmp_path, port, "trainer.total_training_steps=2", "trainer.val_before_train=false",
+    log = launch_verl(tmp_path, port, "trainer.total_training_steps=2", "trainer.val_before_train=false",
                   "trainer.test_freq=0", "trainer.save_freq=1", timeout=RESUME_TIMEOUT_S)
     assert "Resuming from" in log and "global_step_1" in log, log[-4000:]
     assert "resumed SEAL state from" in log
-    steps = _by_step(run / "metrics.jsonl")
+    steps = by_step(run / "metrics.jsonl")
     _step_checked(steps[2])
     assert "val/accuracy/average" not in steps[2]
 

@@ -18,7 +18,9 @@ succeeds:
    each learnt episode, p = exp(sum of its reply-token log-probs), and stops once the tasks' mean learnt
    mass (p of the ground truth, plus p of its twin) reaches `target_prob` (or after `max_steps`).
 3. The model is saved to `model.warm_start.path` with `warm_start.json` (the inputs it was built from and
-   the per-task p); a later run with the same inputs loads it instead of rebuilding.
+   the per-task p) and `warm_start_episodes.json` (the learnt episodes' token ids and reply positions: the
+   verl engine's weight probe reads p(ground truth) from its vLLM server with them); a later run with the
+   same inputs loads it instead of rebuilding.
 
 Why the twin. Without it the policy is the ground truth, imperfectly memorised: it succeeds with p ≈ 0.3
 and its failures are the ground truth's tokens sampled in the wrong places. GRPO's negative advantages on
@@ -59,6 +61,7 @@ from seal.rollout.types import Generation, Rollout, RolloutLimits, SamplingParam
 log = logging.getLogger("seal.engines.local.warm_start")
 
 INFO_FILE = "warm_start.json"
+EPISODES_FILE = "warm_start_episodes.json"  # the learnt episodes as tokens (`probe_episodes`)
 GRAD_PROMPT_TOKENS = 256  # the prompt's tail that the supervised phase backpropagates through (_Example)
 
 
@@ -68,7 +71,8 @@ def build_warm_start(cfg: C.Recipe, base_path: Path, tasks: Sequence[Task]) -> P
     out = Path(ws.path)
     key = cache_key(cfg, base_path, tasks)
     info_file = out / INFO_FILE
-    if info_file.is_file() and json.loads(info_file.read_text()).get("key") == key:
+    if (info_file.is_file() and (out / EPISODES_FILE).is_file()
+            and json.loads(info_file.read_text()).get("key") == key):
         log.info("warm start: using %s", out)
         return out
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -86,6 +90,7 @@ def build_warm_start(cfg: C.Recipe, base_path: Path, tasks: Sequence[Task]) -> P
     tokenizer.save_pretrained(str(out))
     summary |= {"key": key, "base": str(base_path), "tasks": list(dict.fromkeys(r.task_id for r in rollouts)),
                 "seconds": round(time.perf_counter() - t0, 1)}
+    (out / EPISODES_FILE).write_text(json.dumps([probe_episode(r) for r in rollouts]) + "\n")
     info_file.write_text(json.dumps(summary, indent=1) + "\n")
     log.info("warm start: %d steps, mean learnt mass %.3f, p(ground truth) %s, %.0f s -> %s", summary["steps"],
              summary["mean_mass"], {t: round(p, 3) for t, p in summary["prob"].items()}, summary["seconds"], out)
@@ -101,6 +106,21 @@ def cache_key(cfg: C.Recipe, base_path: Path, tasks: Sequence[Task]) -> str:
              "seed": cfg.seed}
     parts["warm_start"].pop("path", None)
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def probe_episode(rollout: Rollout) -> dict[str, Any]:
+    """One learnt episode as plain tokens: `token_ids` (prompt + response) and `reply_positions`, the indices
+    of its reply tokens in them; p(episode) = exp(sum of the log-probs of the tokens at those positions)."""
+    start = len(rollout.prompt_ids)
+    return {"task_id": rollout.task_id, "kind": "ground_truth" if rollout.accuracy == 1.0 else "twin",
+            "token_ids": list(rollout.prompt_ids) + list(rollout.response_ids), "prompt_length": start,
+            "reply_positions": [start + j for j, m in enumerate(rollout.response_mask) if m]}
+
+
+def probe_episodes(model_dir: str | Path) -> list[dict[str, Any]] | None:
+    """The learnt episodes saved with a warm-started model (`probe_episode`), or None for another model."""
+    path = Path(model_dir) / EPISODES_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 # --------------------------------------------------------------------------- the ground-truth episodes
@@ -233,6 +253,20 @@ def episode_probs(model: Any, rollouts: Sequence[Rollout]) -> list[float]:
             e.refresh(model, done)
             out.append(math.exp(float(e.reply_logprobs(model).sum())))
     return out
+
+
+def probe_episode_probs(model: Any, episodes: Sequence[dict[str, Any]]) -> list[float]:
+    """`episode_probs` of saved learnt episodes (`probe_episodes`) under `model`: p(ground truth) and p(twin) of a
+    model trained from the warm start, measured as the warm start measures them."""
+    from types import SimpleNamespace
+
+    rollouts = []
+    for e in episodes:
+        cut, ids = int(e["prompt_length"]), list(e["token_ids"])
+        replies = set(e["reply_positions"])
+        rollouts.append(SimpleNamespace(prompt_ids=ids[:cut], response_ids=ids[cut:],
+                                        response_mask=[int(cut + j in replies) for j in range(len(ids) - cut)]))
+    return episode_probs(model, rollouts)  # reads only the three token fields
 
 
 def supervised_phase(model: Any, rollouts: Sequence[Rollout], steps: int, lr: float, target_prob: float,

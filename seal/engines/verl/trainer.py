@@ -12,8 +12,9 @@ The mode runs synchronously (`trainer_mode` reads "sync" for verl's own checks):
 from __future__ import annotations
 
 import logging
+import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 from seal import recipe as C
 from seal.core.controller import STATE_FILE, SealController
 from seal.core.record import EpisodeRecord, record_columns
+from seal.engines.local.warm_start import probe_episodes
 from seal.engines.verl.adapter import TrainerAdapter
 from seal.engines.verl.agent_loop import EpisodeFeed
 from seal.engines.verl.config import TRAINER_MODE
@@ -60,6 +62,8 @@ class SealTrainer(TrainerAdapter):
         self.best: dict[str, Any] | None = None
         self.last_validation: dict[str, float] = {}
         self.transcript_tokenizer: Any = None  # loaded on the first step's transcripts (`keep_transcripts`)
+        episodes = probe_episodes(str(config.actor_rollout_ref.model.path))  # a warm-started model's, else None
+        self.probe = WeightProbe(episodes) if episodes else None
 
     # ================================================================== the SEAL step
     def step(self, metrics: dict, timing_raw: dict) -> Any:
@@ -100,6 +104,10 @@ class SealTrainer(TrainerAdapter):
                                        algorithm=self.config.algorithm,
                                        num_repeat=int(self.config.actor_rollout_ref.rollout.n),
                                        batch_keys=batch_keys))
+
+    def weights_synced(self) -> dict[str, float]:
+        """After every weight sync: the weight probe read from the vLLM server (a warm-started model only)."""
+        return self.probe.measure(self.rollout_prompt_logprobs) if self.probe is not None else {}
 
     def on_step_end(self) -> None:
         super().on_step_end()
@@ -170,6 +178,52 @@ class SealTrainer(TrainerAdapter):
 
     def metrics_jsonl_path(self) -> Path | None:
         return self.run.metrics_file if "jsonl" in list(self.recipe.trainer.logger) else None
+
+
+# =========================================================================== the weight probe
+class WeightProbe:
+    """What the vLLM server that serves the rollouts computes for fixed token sequences, after every weight sync.
+
+    The sequences are the learnt episodes of a warm-started model (`seal.engines.local.warm_start.probe_episode`:
+    each training task's ground truth and failing twin, as tokens). Per episode p = exp(sum of its reply tokens'
+    log-probs), the exact probability that sampling at temperature 1 reproduces its replies, as the local engine's
+    warm start measures it, here from the rollout server's weights. Between two syncs the log-probs of every token
+    of every episode are compared: after a real update they change (the server holds the new weights), after a
+    skipped one they do not.
+
+    Metrics: `probe/p_ground_truth/<task>`, `probe/p_twin/<task>`, `probe/p_ground_truth/mean`, `probe/logprob`
+    (the sum of every episode's reply log-prob), and from the second sync on `probe/logprob_change` (against the
+    sync before) and `probe/max_token_change` (the largest change of any token's log-prob). The first sync's
+    (the starting weights: the warm start, or a resumed checkpoint) are named `probe/start/...`.
+    """
+
+    def __init__(self, episodes: Sequence[Mapping[str, Any]]):
+        self.episodes = list(episodes)
+        self.last: list[list[float]] | None = None
+
+    def measure(self, prompt_logprobs: Callable[[Sequence[int]], list[float]]) -> dict[str, float]:
+        """`prompt_logprobs(ids)`: the log-probs of ids[1:] (`TrainerAdapter.rollout_prompt_logprobs`)."""
+        now = [prompt_logprobs(e["token_ids"]) for e in self.episodes]
+        metrics: dict[str, float] = {}
+        reply_logps, gt_probs = [], []
+        for e, logps in zip(self.episodes, now, strict=True):
+            logp = math.fsum(logps[p - 1] for p in e["reply_positions"])  # logps[i] is token i + 1's
+            reply_logps.append(logp)
+            metrics[f"probe/p_{e['kind']}/{e['task_id']}"] = math.exp(logp)
+            if e["kind"] == "ground_truth":
+                gt_probs.append(math.exp(logp))
+        metrics["probe/logprob"] = math.fsum(reply_logps)
+        if gt_probs:
+            metrics["probe/p_ground_truth/mean"] = sum(gt_probs) / len(gt_probs)
+        if self.last is not None:
+            before = [math.fsum(lp[p - 1] for p in e["reply_positions"]) for e, lp in zip(self.episodes, self.last,
+                                                                                          strict=True)]
+            metrics["probe/logprob_change"] = metrics["probe/logprob"] - math.fsum(before)
+            metrics["probe/max_token_change"] = max(abs(a - b) for old, new in zip(self.last, now, strict=True)
+                                                    for a, b in zip(old, new, strict=True))
+        start = self.last is None
+        self.last = now
+        return {k.replace("probe/", "probe/start/", 1): v for k, v in metrics.items()} if start else metrics
 
 
 # =========================================================================== the advantage computation
