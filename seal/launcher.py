@@ -4,7 +4,7 @@
     seal-train                               # the embedded default, exp/tiny_cpu.yaml (CPU, minutes)
 
 It works from any directory: every input path (`--conf`, `model.path`, `model.warm_start.path`, the data
-files) is taken from the cwd when it exists there, else from the project (one rule, `seal.paths.input_path`);
+files) is taken from the cwd when it exists there, else from the project (one rule, `seal.io_utils.input_path`);
 the run directory `<run_root>/<experiment_name>`, an output, from the cwd.
 
 1. Composes and validates the recipe (`seal.recipe.load_config`); `--dry-run` prints it (for engine verl
@@ -136,7 +136,10 @@ def untrusted_inputs(cfg: Recipe) -> str | None:
     from seal.engines.data import eval_overlap
 
     d = cfg.data
-    overlap = eval_overlap(d.train_files, d.max_train_tasks, d.train_task_ids)
+    try:
+        overlap = eval_overlap(d.train_files, d.max_train_tasks, d.train_task_ids)
+    except ValueError:  # task ids the data lacks: the engine loads the same tasks and fails on them, in one line
+        overlap = []
     if overlap and not d.allow_eval_overlap:
         return (f"data.train_files {d.train_files} holds {len(overlap)} task(s) of the eval split "
                 f"(data/bfcl_split.json), e.g. {', '.join(overlap[:5])}: held-in accuracy would be measured on "
@@ -308,7 +311,7 @@ def resumed_config_changes(cfg: Recipe, run: RunDir) -> list[str]:
     those changes are logged and the new `config.yaml` records them)."""
     import yaml
 
-    from seal.paths import input_path
+    from seal.io_utils import input_path
     from seal.recipe import model_path_value, to_container
 
     if cfg.trainer.resume == "disable" or not run.config_file.is_file() or not run.checkpoints.saved_steps():

@@ -20,7 +20,7 @@ import httpx
 import pytest
 import yaml
 
-from seal.paths import PROJECT_ROOT
+from seal.io_utils import PROJECT_ROOT
 from tests.test_entry_points import RUNNER, SCRIPTS
 
 # The tiny recipe cut to one step of two rollouts per task, two validation tasks (one per category) before and

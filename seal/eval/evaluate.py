@@ -48,7 +48,7 @@ from seal.eval.results import (
     write_summary,
 )
 from seal.eval.stats import Estimate, format_estimate
-from seal.paths import input_path
+from seal.io_utils import input_path
 from seal.redact import guard_output
 from seal.rollout.client import EnvClient, EnvClientError
 from seal.rollout.episode import play_episode, run_all

@@ -495,10 +495,10 @@ def _loopback_host(host: str) -> bool:
 
 def local_model(kind: str, name: str) -> str:
     """The model of `hf:<name>` / `vllm:<name>`: a built-in model (`builtin:smollm2`, built into the model cache
-    when missing), else a directory by the input-path rule (`seal.paths.input_path`: from the cwd when it exists
+    when missing), else a directory by the input-path rule (`seal.io_utils.input_path`: from the cwd when it exists
     there, else from the project), absolute; `vllm:` also takes a hub id, which vLLM resolves."""
+    from seal.io_utils import input_path
     from seal.models import builtin_model, is_builtin
-    from seal.paths import input_path
 
     if name.startswith("builtin:"):
         if not is_builtin(name):

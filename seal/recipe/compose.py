@@ -45,8 +45,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from seal.core.config_parsing import knob_problems, type_name
+from seal.io_utils import PROJECT_ROOT, input_path
 from seal.models import builtin_model, is_builtin
-from seal.paths import PROJECT_ROOT, input_path
 from seal.recipe.schema import ConfigError, Recipe
 from seal.recipe.spelling import did_you_mean, dotted_keys, keep_string_words
 
@@ -305,7 +305,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     """Compose the recipe at `path` (+ its defaults list) + `overrides` over the schema, resolve
     interpolations and build the `Recipe`. `path=None` loads the embedded default (`exp/tiny_cpu.yaml`).
 
-    A relative `path` follows the input-path rule (`seal.paths.input_path`): from the cwd when it exists
+    A relative `path` follows the input-path rule (`seal.io_utils.input_path`): from the cwd when it exists
     there, else from the project. Raises `ConfigError` listing every unknown key, wrong type, value out of
     range, unknown enum value and broken cross-key rule.
     """
@@ -364,7 +364,7 @@ def save_config(cfg: Recipe, path: str | Path) -> Path:
 
 # --------------------------------------------------------------------------- input paths
 def model_path_value(path: str, build_tiny: bool) -> str:
-    """`model.path` after the input-path rule (`seal.paths.input_path`): a built-in name (`builtin:smollm2`) as
+    """`model.path` after the input-path rule (`seal.io_utils.input_path`): a built-in name (`builtin:smollm2`) as
     given; a local directory, or with `build_tiny` the directory to build, made absolute; anything else (a hub
     id) as given."""
     if is_builtin(path):
@@ -374,7 +374,7 @@ def model_path_value(path: str, build_tiny: bool) -> str:
 
 
 def with_input_paths(cfg: Recipe) -> Recipe:
-    """`cfg` with every input path made absolute by the one rule (`seal.paths.input_path`): the data files,
+    """`cfg` with every input path made absolute by the one rule (`seal.io_utils.input_path`): the data files,
     `model.path` (`model_path_value`) and `model.warm_start.path`. A missing data file is a `ConfigError` now,
     before any run directory or service exists. Outputs (`trainer.run_root`) stay relative to the cwd."""
     files = {key: input_path(getattr(cfg.data, key)) for key in ("train_files", "val_files")}

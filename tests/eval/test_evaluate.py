@@ -307,7 +307,7 @@ def test_notes_say_which_tasks_were_evaluated(service_url, tmp_path):
 def test_policy_paths_follow_the_input_path_rule(tmp_path, monkeypatch):
     """`hf:<dir>` from the cwd when it exists there, else from the project (like every input path)."""
     from seal.eval.policies import local_model
-    from seal.paths import PROJECT_ROOT
+    from seal.io_utils import PROJECT_ROOT
 
     monkeypatch.chdir(tmp_path)
     assert local_model("hf", "exp") == str(PROJECT_ROOT / "exp")  # not in the cwd: the project's

@@ -31,7 +31,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from seal import recipe as C
-from seal.paths import input_path
+from seal.io_utils import input_path
 from seal.run_dir import VERL_STEP_PREFIX, RunDir
 
 AGENT_LOOP_NAME = "seal_bfcl"  # seal.engines.verl.agent_loop.SealBfclAgentLoop
@@ -108,7 +108,7 @@ def load_verl_defaults() -> DictConfig:
 
 
 def _data_path(path: str) -> str:
-    """Absolute path of a data file (the input-path rule, `seal.paths.input_path`)."""
+    """Absolute path of a data file (the input-path rule, `seal.io_utils.input_path`)."""
     return str(input_path(path))
 
 

@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from seal import recipe as C
 from seal.engines.data import wants_subset, write_subset
 from seal.engines.verl.config import to_verl_config
-from seal.paths import input_path
+from seal.io_utils import input_path
 from seal.run_dir import RunDir
 
 log = logging.getLogger(__name__)
