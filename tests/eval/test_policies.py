@@ -230,4 +230,4 @@ def test_hf_policy_runs_on_a_tiny_qwen2(service_url, tmp_path):
         assert record["num_model_calls"] == len(assistant) >= 1
         assert all(isinstance(m["content"], str) for m in assistant)
         assert record["stop_reason"] in ("done", "max_model_calls")
-    assert any("hf: greedy" in n for n in summary["notes"])
+    assert any(n.startswith("hf: ") and "greedy Hugging Face generation" in n for n in summary["notes"])
