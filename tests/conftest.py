@@ -28,7 +28,7 @@ STRICT_SKIPS_ENV = "SEAL_CI_STRICT_SKIPS"
 
 def _unintended_skip(report) -> bool:
     return (os.environ.get(STRICT_SKIPS_ENV) == "1" and report.skipped
-            and report.nodeid.split("[")[0] not in INTENDED_SKIPS)
+            and report.nodeid.split("@")[0].split("[")[0] not in INTENDED_SKIPS)  # xdist adds "@<group>"
 
 
 def _fail_skip(report) -> None:
@@ -55,14 +55,16 @@ def pytest_make_collect_report(collector):
 
 
 # CI runs each tier on two pytest-xdist workers (`.ci/run`: `-n 2 --dist loadgroup`). A test marked
-# `xdist_group(VERL_LAUNCH)` starts a whole verl run (a Ray cluster with a vLLM server and ~9 processes, sized for
-# the whole machine): those run one after another on one worker, while the other worker takes the rest. Their
-# group goes first, so the longest unit of work starts at once and the rest fills in beside it.
-VERL_LAUNCH = "verl_launch"
+# `xdist_group(ENGINES)` starts a whole verl run (a Ray cluster with a vLLM server and ~9 processes, sized for the
+# whole machine) or a vLLM engine and checks /dev/shm for what it leaves: those run one after another on one worker.
+# Memory and CPU are one reason; the other is that the killed-server test leaves orphaned vLLM segments until its
+# launcher's cleanup, which a vLLM test beside it would count as its own leftovers. The other worker takes the rest.
+# Their group goes first, so the longest unit of work starts at once.
+ENGINES = "engines"
 
 
 def pytest_collection_modifyitems(config, items):
-    def launches_verl(item) -> bool:
-        return any(m.args and m.args[0] == VERL_LAUNCH for m in item.iter_markers("xdist_group"))
+    def in_engines_group(item) -> bool:
+        return any(m.args and m.args[0] == ENGINES for m in item.iter_markers("xdist_group"))
 
-    items.sort(key=lambda item: not launches_verl(item))  # stable: the order within each part is kept
+    items.sort(key=lambda item: not in_engines_group(item))  # stable: the order within each part is kept

@@ -47,7 +47,7 @@ def _pids_with(marker: str, name: str = "") -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("verl_launch")  # one verl run at a time (tests/conftest.py)
+@pytest.mark.xdist_group("engines")  # one engine at a time (tests/conftest.py)
 def test_a_killed_vllm_server_fails_the_run_loudly(tmp_path):
     from seal.engines.verl.adapter import WEIGHT_SYNC_TIMEOUT_ENV
 

@@ -43,7 +43,7 @@ LEARN_ENV = "SEAL_VERL_LEARN"
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("verl_launch")  # one verl run at a time (tests/conftest.py)
+@pytest.mark.xdist_group("engines")  # one engine at a time (tests/conftest.py)
 @pytest.mark.skipif(os.environ.get(LEARN_ENV) != "1", reason=f"over CI's budget on 2 cores: set {LEARN_ENV}=1")
 def test_verl_learns_on_cpu(tmp_path, tmp_path_factory):
     import torch

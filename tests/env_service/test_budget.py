@@ -74,7 +74,8 @@ def _step(client: httpx.Client, eid: str, content: str) -> dict:
 
 @pytest.mark.slow
 def test_an_action_over_budget_ends_only_its_episode():
-    args = ["--workers", "2", "--budget-wall-s", "2", "--budget-memory-mb", "128"]
+    # --allow-train-on-eval: FS_TASK is an eval-split task, opened in the default (training) mode
+    args = ["--workers", "2", "--budget-wall-s", "2", "--budget-memory-mb", "128", "--allow-train-on-eval"]
     with running_service(args) as (url, _), httpx.Client(base_url=url, timeout=60) as client:
         culprit = _create(client, FS_TASK)  # worker 0
         other_worker = _create(client, FS_TASK)  # worker 1

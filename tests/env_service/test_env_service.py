@@ -288,7 +288,7 @@ def test_bearer_token():
 
 @pytest.mark.slow
 def test_no_leak_over_5000_cycles():
-    with running_service() as (url, _):
+    with running_service(["--allow-train-on-eval"]) as (url, _):  # it cycles eval-split tasks in training mode
 
         def rss() -> int:
             return httpx.get(f"{url}/stats").json()["rss_bytes"]
