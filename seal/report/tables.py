@@ -11,7 +11,7 @@ column prints the paper's percent; Δ = ours (as printed) − paper, in percenta
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -388,26 +388,26 @@ def bfcl_v4_differences(summary: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def bfcl_v4_caveats(mapping: Mapping[str, Sequence[str | Path]]) -> dict[Row, list[str]]:
-    """Row -> how its BFCL V4 numbers differ from the paper's, for rows with partial BFCL V4 keys."""
+def _row_caveats(mapping: Mapping[str, Sequence[str | Path]],
+                 differences_of: Callable[[Mapping[str, Any]], list[str] | None]) -> dict[Row, list[str]]:
+    """Row -> what `differences_of` finds in the summaries of its directories (rows with none are left out)."""
     out: dict[Row, list[str]] = {}
     for key, directories in mapping.items():
         for directory in directories:
-            differences = bfcl_v4_differences(read_summary(directory))
+            differences = differences_of(read_summary(directory))
             if differences:
                 out.setdefault(pn.parse_row(key), []).extend(differences)
     return out
+
+
+def bfcl_v4_caveats(mapping: Mapping[str, Sequence[str | Path]]) -> dict[Row, list[str]]:
+    """Row -> how its BFCL V4 numbers differ from the paper's, for rows with partial BFCL V4 keys."""
+    return _row_caveats(mapping, bfcl_v4_differences)
 
 
 def tau2_caveats(mapping: Mapping[str, Sequence[str | Path]]) -> dict[Row, list[str]]:
     """Row -> what differs from the paper's τ² protocol, for rows whose τ² run differs."""
-    out: dict[Row, list[str]] = {}
-    for key, directories in mapping.items():
-        for directory in directories:
-            differences = tau2_differences(read_summary(directory))
-            if differences:
-                out.setdefault(pn.parse_row(key), []).extend(differences)
-    return out
+    return _row_caveats(mapping, tau2_differences)
 
 
 def load_ood(mapping: Mapping[str, Sequence[str | Path]],
