@@ -1,30 +1,25 @@
 """Which TCP ports a run's processes listen on, and whether any is open beyond loopback.
 
-``ListenerWatch(marker)`` samples, every `interval` seconds while its block runs, the listening TCP sockets of
-the live processes whose environment contains `marker` (a value only the run's processes inherit, such as the
-run's ``BFCL_PROJECT_ROOT``). After the block, ``listeners`` holds every ``(address, port, process name)``
-seen and ``exposed`` those bound to an address that is not loopback (``0.0.0.0`` and ``::`` included).
+``ListenerWatch(marker, env_key)`` samples, every `interval` seconds while its block runs, the listening TCP
+sockets of the live processes whose environment has `env_key` = `marker` (a value only the run's processes
+inherit, such as the run's ``BFCL_PROJECT_ROOT``). After the block, ``listeners`` holds every
+``(address, port, process name)`` seen and ``exposed`` those bound to an address that is not loopback (``0.0.0.0`` and ``::`` included).
 """
 
 from __future__ import annotations
 
 import ipaddress
-import os
 import threading
-from pathlib import Path
 
 import psutil
 
+from seal.engines.verl.cleanup import run_processes
 
-def marked_pids(marker: str) -> set[int]:
-    found = set()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if marker.encode() in Path(f"/proc/{pid}/environ").read_bytes():
-                found.add(int(pid))
-        except OSError:
-            continue
-    return found
+
+def marked_pids(marker: str, env_key: str) -> set[int]:
+    """Pids of the live processes whose environment has `env_key` = `marker` (the engine's own reading,
+    `seal.engines.verl.cleanup.run_processes`)."""
+    return {proc.pid for proc in run_processes(marker, env_key)}
 
 
 def is_loopback(address: str) -> bool:
@@ -50,8 +45,8 @@ def listeners(pids: set[int]) -> set[tuple[str, int, str]]:
 
 
 class ListenerWatch:
-    def __init__(self, marker: str, interval: float = 1.0) -> None:
-        self.marker, self.interval = marker, interval
+    def __init__(self, marker: str, env_key: str, interval: float = 1.0) -> None:
+        self.marker, self.env_key, self.interval = marker, env_key, interval
         self.listeners: set[tuple[str, int, str]] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -61,7 +56,7 @@ class ListenerWatch:
         return {entry for entry in self.listeners if not is_loopback(entry[0])}
 
     def sample(self) -> None:
-        self.listeners |= listeners(marked_pids(self.marker))
+        self.listeners |= listeners(marked_pids(self.marker, self.env_key))
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

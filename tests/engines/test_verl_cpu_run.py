@@ -53,7 +53,8 @@ def launch_verl(run_root: Path, port: int, *extra: str, timeout: float, conf: st
     shm_before = set(os.listdir("/dev/shm"))
     log_path = run_root / f"launcher_{len(list(run_root.glob('launcher_*.log')))}.log"
     # Every listening socket of the run (Ray's, the vLLM server's HTTP port, which has no API key) is on loopback,
-    with open(log_path, "w") as out, ListenerWatch(env["BFCL_PROJECT_ROOT"], interval=5.0) as watch:
+    watch = ListenerWatch(env["BFCL_PROJECT_ROOT"], "BFCL_PROJECT_ROOT", interval=5.0)
+    with open(log_path, "w") as out, watch:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
         try:
             proc.wait(timeout=timeout)

@@ -10,18 +10,16 @@ are real; no verl run is started (the verl end-to-end test can watch a real run 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 
+from seal.engines.verl.cleanup import reap_run_processes
 from tests.network_watch import is_loopback, listeners, marked_pids
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,7 +38,7 @@ class Server:
 loopback_ray_node()
 ray.init(address="local", num_cpus=1, include_dashboard=False)
 address = ray.get(Server.remote().address.remote())
-found = sorted(listeners(marked_pids(os.environ["SEAL_TEST_MARKER"]) - {os.getpid()}))
+found = sorted(listeners(marked_pids(os.environ["SEAL_TEST_MARKER"], "SEAL_TEST_MARKER")))
 ray.shutdown()
 print(json.dumps({"address": address, "listeners": found}))
 """
@@ -54,12 +52,7 @@ def _cluster() -> dict:
         done = subprocess.run([sys.executable, "-c", CHILD], cwd=REPO, env=env, capture_output=True,
                               text=True, timeout=240)
     finally:
-        deadline = time.monotonic() + 30  # Ray's processes outlive ray.shutdown() by a few seconds
-        while marked_pids(marker) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        for pid in marked_pids(marker):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
+        reap_run_processes(marker, wait_s=30, env_key="SEAL_TEST_MARKER")  # Ray's outlive ray.shutdown()
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -78,4 +71,4 @@ def test_listener_helpers():
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("::ffff:127.0.0.1")
     assert not is_loopback("0.0.0.0") and not is_loopback("::") and not is_loopback("192.0.2.2")
     assert listeners(set()) == set()
-    assert os.getpid() not in marked_pids(uuid.uuid4().hex)
+    assert os.getpid() not in marked_pids(uuid.uuid4().hex, "SEAL_TEST_MARKER")
