@@ -3,7 +3,8 @@
 ``ListenerWatch(marker, env_key)`` samples, every `interval` seconds while its block runs, the listening TCP
 sockets of the live processes whose environment has `env_key` = `marker` (a value only the run's processes
 inherit, such as the run's ``BFCL_PROJECT_ROOT``). After the block, ``listeners`` holds every
-``(address, port, process name)`` seen and ``exposed`` those bound to an address that is not loopback (``0.0.0.0`` and ``::`` included).
+``(address, port, process name)`` seen and ``exposed`` those bound to an address that is not loopback
+(``0.0.0.0`` and ``::`` included).
 """
 
 from __future__ import annotations
