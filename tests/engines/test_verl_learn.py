@@ -19,7 +19,6 @@ left, nor a /dev/shm segment.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -32,19 +31,12 @@ pytest.importorskip("verl")
 pytest.importorskip("vllm")
 
 REPO = Path(__file__).resolve().parents[2]
-TIMEOUT_S = 3600  # hang guard; docs/verl_engine.md ("Learning on CPU") has the measured times
+TIMEOUT_S = 2400  # hang guard, not a speed bound; docs/verl_engine.md ("Learning on CPU") has the measured times
 STEPS = 3
-
-
-# One verl launch on CPU that learns. Not in CI: on this project's 2-core machines the warm start and three
-# steps take far longer than CI's whole budget (docs/verl_engine.md, "Learning on CPU", has the measured steps),
-# so it runs when asked: SEAL_VERL_LEARN=1 python -m pytest tests/engines/test_verl_learn.py -m slow
-LEARN_ENV = "SEAL_VERL_LEARN"
 
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("engines")  # one engine at a time (tests/conftest.py)
-@pytest.mark.skipif(os.environ.get(LEARN_ENV) != "1", reason=f"over CI's budget on 2 cores: set {LEARN_ENV}=1")
 def test_verl_learns_on_cpu(tmp_path, tmp_path_factory):
     import torch
     from transformers import AutoModelForCausalLM
@@ -72,7 +64,7 @@ def test_verl_learns_on_cpu(tmp_path, tmp_path_factory):
               f"probe change {m['probe/logprob_change']:+.4f} (max token {m['probe/max_token_change']:.2e}) "
               f"p(gt) {[round(m[f'probe/p_ground_truth/{t}'], 3) for t in tasks]} "
               f"step {m['timing_s/step']:.0f} s (gen {m['timing_s/gen']:.0f}, old {m['timing_s/old_log_prob']:.0f}, "
-              f"ref {m['timing_s/ref']:.0f}, update {m['timing_s/update_actor']:.0f}, "
+              f"update {m['timing_s/update_actor']:.0f}, "
               f"sync {m['timing_s/update_weights']:.1f}, probe {m['timing_s/weight_probe']:.1f})")
         spread = m["critic/rewards/max"] != m["critic/rewards/min"]
         assert m["actor/update_skipped"] == (0.0 if spread else 1.0), m

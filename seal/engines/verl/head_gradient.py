@@ -47,9 +47,9 @@ def backward_only_where_the_loss_reaches() -> None:
         if not bool(live.any()):
             return dhidden, vocab_weights.new_zeros(())
         rows = live.nonzero().squeeze(-1)
-        pick = (lambda g: None if g is None else g[rows])
-        part, dvocab = original(pick(dlog_probs), pick(dentropy), hidden_states[rows], vocab_weights,
-                                input_ids[rows], temperature)
+        part, dvocab = original(None if dlog_probs is None else dlog_probs[rows],
+                                None if dentropy is None else dentropy[rows],
+                                hidden_states[rows], vocab_weights, input_ids[rows], temperature)
         dhidden[rows] = part.to(dhidden.dtype)
         return dhidden, dvocab
 
