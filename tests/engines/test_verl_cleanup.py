@@ -62,30 +62,42 @@ def _hold_segment(name: str, seconds: float) -> None:  # a spawned process: maps
     os._exit(0)
 
 
-def test_orphaned_segments_are_removed_once_their_last_process_is_gone():
-    """The run's processes outlive Ray's shutdown by a few seconds: a segment still mapped then is removed when
-    its holder has gone; one this process keeps mapped past the wait is left alone."""
+def test_only_the_runs_orphaned_segments_are_removed_once_their_last_process_is_gone(monkeypatch):
+    """The run's processes outlive Ray's shutdown by a few seconds: a segment a process of the run mapped is
+    removed when its holder has gone; one still mapped past the wait is left alone, and so is an orphan that
+    another program (a process without the run's marker) left during the run."""
     import multiprocessing as mp
     import uuid
     from multiprocessing import shared_memory
 
-    from seal.engines.verl.cleanup import remove_orphaned_shm, shm_segments
+    from seal.engines.verl.cleanup import RunSegments, remove_orphaned_shm, shm_segments
 
     before = shm_segments()
-    late, kept = f"seal-test-{uuid.uuid4().hex[:8]}", f"seal-test-{uuid.uuid4().hex[:8]}"
-    holder = mp.get_context("spawn").Process(target=_hold_segment, args=(late, 3.0))
+    late, kept, foreign = (f"seal-test-{uuid.uuid4().hex[:8]}" for _ in range(3))
+    spawn = mp.get_context("spawn")
+    monkeypatch.setenv("SEAL_TEST_RUN", "run-shm")  # the spawned holder inherits the run's marker
+    holder = spawn.Process(target=_hold_segment, args=(late, 4.0))
     holder.start()
+    monkeypatch.delenv("SEAL_TEST_RUN")
+    stranger = spawn.Process(target=_hold_segment, args=(foreign, 0.0))  # another program's orphan
+    stranger.start()
     mine = shared_memory.SharedMemory(name=kept, create=True, size=4096)
     try:
-        while late not in shm_segments():
-            assert holder.is_alive()
-        removed = remove_orphaned_shm(before, settle_s=10)
+        with RunSegments("run-shm", interval_s=0.2, env_key="SEAL_TEST_RUN") as segments:
+            while late not in segments.seen:
+                assert holder.is_alive()
+                time.sleep(0.1)
+        stranger.join(10)
+        assert foreign in shm_segments() and foreign not in segments.seen
+        removed = remove_orphaned_shm((segments.seen | {kept}) - before, settle_s=10)
         assert late in removed and late not in shm_segments()  # removed once its holder exited, within the wait
         assert kept not in removed and kept in shm_segments()  # still mapped here past the wait: never touched
+        assert foreign not in removed and foreign in shm_segments()  # not the run's: never touched
         holder.join(10)
     finally:
         mine.close()
         mine.unlink()
+        shared_memory.SharedMemory(name=foreign).unlink()
 
 
 SIGTERM_DRIVER = """

@@ -8,15 +8,19 @@ their owners on a clean exit only, stay in /dev/shm.
 
 So the run carries a marker: `mark_run()` puts a unique value in this process's environment before Ray
 starts, and every process Ray starts (its services, workers, the vLLM servers and their engine processes)
-inherits it. At the end, `reap_run_processes()` waits a bounded time for those processes to exit, then kills
-what is left and logs it; `remove_orphaned_shm()` unlinks the new segments that nobody maps any more.
-Everything is read through psutil.
+inherits it. During the run, `RunSegments` notes every /dev/shm name a process of the run maps or holds open
+(sampled every few seconds). At the end, `reap_run_processes()` waits a bounded time for those processes to
+exit, then kills what is left and logs it; `remove_orphaned_shm()` unlinks the run's segments that nobody maps
+any more. Only the run's: a segment another program made during the run is never touched, even when nobody
+maps it at that moment (measured: without the ownership rule a run's cleanup unlinked the loky semaphores of
+another program's vLLM server that was shutting down). Everything is read through psutil.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -29,6 +33,7 @@ RUN_MARKER_ENV = "SEAL_RUN_MARKER"
 REAP_WAIT_S = 60.0  # how long the run's processes get to exit on their own after Ray's shutdown
 SHM_DIR = Path("/dev/shm")
 SHM_SETTLE_S = 30.0  # how long the cleanup waits for the run's last processes to let go of their segments
+SHM_SAMPLE_S = 5.0  # how often the run's processes' segments are noted (vLLM's and verl's live for minutes)
 
 
 def mark_run() -> str:
@@ -86,30 +91,63 @@ def shm_segments() -> set[str]:
         return set()
 
 
+def _shm_names_of(proc: psutil.Process) -> set[str]:
+    """/dev/shm names `proc` maps or holds open (empty if it ended or is not ours to read)."""
+    prefix = str(SHM_DIR) + "/"
+    try:
+        paths = [m.path for m in proc.memory_maps(grouped=True)] + [f.path for f in proc.open_files()]
+    except (psutil.Error, OSError):
+        return set()
+    return {p[len(prefix):].split()[0] for p in paths if p.startswith(prefix)}
+
+
 def mapped_shm_names(exclude_pid: int | None = None) -> set[str]:
     """/dev/shm names some live process (other than `exclude_pid`) maps or holds open."""
     names: set[str] = set()
-    prefix = str(SHM_DIR) + "/"
     for proc in psutil.process_iter():
-        if proc.pid == exclude_pid:
-            continue
-        try:
-            paths = [m.path for m in proc.memory_maps(grouped=True)] + [f.path for f in proc.open_files()]
-        except (psutil.Error, OSError):  # the process ended, or is not ours to read
-            continue
-        names.update(p[len(prefix):].split()[0] for p in paths if p.startswith(prefix))
+        if proc.pid != exclude_pid:
+            names |= _shm_names_of(proc)
     return names
 
 
-def remove_orphaned_shm(before: set[str], settle_s: float = SHM_SETTLE_S) -> list[str]:
-    """Unlink the /dev/shm segments that appeared since `before` and that no live process maps or holds open;
-    returns their names. Segments still mapped are looked at again, once a second, for up to `settle_s` (the
-    run's last processes may still be exiting). A segment in use past that (another program's) is never
-    touched."""
+class RunSegments:
+    """The /dev/shm names the run's processes (those carrying `marker`) have mapped or held open, sampled every
+    `interval_s` seconds on a daemon thread while the context is open, and once more at its end. A segment
+    created and orphaned between two samples is missed (left in /dev/shm, never wrongly removed)."""
+
+    def __init__(self, marker: str, interval_s: float = SHM_SAMPLE_S, env_key: str = RUN_MARKER_ENV) -> None:
+        self.marker, self.interval_s, self.env_key = marker, interval_s, env_key
+        self.seen: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="seal-run-segments", daemon=True)
+
+    def sample(self) -> None:
+        for proc in run_processes(self.marker, env_key=self.env_key):
+            self.seen |= _shm_names_of(proc)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def __enter__(self) -> RunSegments:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+
+def remove_orphaned_shm(owned: set[str], settle_s: float = SHM_SETTLE_S) -> list[str]:
+    """Unlink the segments of `owned` (the run's: `RunSegments.seen` less what existed before the run) that are
+    still in /dev/shm and that no live process maps or holds open; returns their names. Segments still mapped
+    are looked at again, once a second, for up to `settle_s` (the run's last processes may still be exiting).
+    A segment in use past that is never touched, nor one outside `owned`."""
     deadline = time.monotonic() + settle_s
     removed: list[str] = []
     while True:
-        candidates = shm_segments() - set(before)
+        candidates = shm_segments() & set(owned)
         in_use = mapped_shm_names() & candidates
         for name in sorted(candidates - in_use):
             try:

@@ -60,6 +60,7 @@ ADDED_KEYS = frozenset({ATTN_KEY, *CPU_MIXED_PRECISION_KEYS, SLEEP_MODE_KEY, "ra
 # ~23k tokens of SmolLM2-135M in float32, several BFCL episodes).
 CPU_WEIGHT_BUCKET_MB = 256
 CPU_KV_CACHE_BYTES = 1 << 30
+CPU_PREFILL_CHUNK_TOKENS = 2048  # vLLM's token budget per engine step on CPU (see cpu_overrides)
 # Ray's logical CPUs on the CPU path: verl's actors each ask for one, which says nothing about the cores.
 CPU_RAY_LOGICAL_CPUS = 16
 
@@ -262,6 +263,12 @@ def cpu_overrides(cfg: C.Recipe) -> dict[str, Any]:
         "actor_rollout_ref.rollout.enforce_eager": True,
         "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes": CPU_WEIGHT_BUCKET_MB,
         "actor_rollout_ref.rollout.engine_kwargs.vllm": {"kv_cache_memory_bytes": CPU_KV_CACHE_BYTES},
+        # Prefill in chunks of 2048 tokens (verl's default 8192): an engine step's logits are [tokens, vocab] in
+        # float32, and a request for prompt log-probs (the weight probe) keeps them all, with their log-softmax.
+        # With 8192 the vLLM worker of exp/tiny_verl_learn.yaml (Qwen2.5's 152k vocabulary) was at 5.9 GB RSS
+        # when the OOM killer ended it, during the probe, on a loaded 24 GB machine; docs/verl_engine.md has
+        # the peak measured with 2048.
+        "actor_rollout_ref.rollout.max_num_batched_tokens": CPU_PREFILL_CHUNK_TOKENS,
         # FSDP2: verl's FSDP1 path asks for a CUDA device id.
         "actor_rollout_ref.actor.strategy": "fsdp2",
         "actor_rollout_ref.ref.strategy": "fsdp2",

@@ -266,15 +266,17 @@ def train(cfg: C.Recipe, run_dir: str | os.PathLike[str], overrides: Sequence[st
     run = RunDir(run_dir)
     run.root.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(verl_cfg, run.verl_config_file)
-    from seal.engines.verl.cleanup import mark_run, reap_run_processes, remove_orphaned_shm, shm_segments
+    from seal.engines.verl.cleanup import RunSegments, mark_run, reap_run_processes, remove_orphaned_shm, shm_segments
 
     own_cluster = OmegaConf.select(verl_cfg, "ray_kwargs.ray_init.address") == "local"
     marker = mark_run()  # before Ray starts: every process of the run inherits it
     shm_before = shm_segments()
+    segments = RunSegments(marker)  # the /dev/shm names the run's own processes use: the only ones it may unlink
     if own_cluster:
         loopback_ray_node()  # a cluster of this run's own: Ray and the vLLM servers (no API key) on 127.0.0.1
     try:
-        run_ppo(verl_cfg, task_runner_class=TaskRunnerV1)
+        with segments:
+            run_ppo(verl_cfg, task_runner_class=TaskRunnerV1)
     except Exception as exc:
         died = dead_actors()  # before Ray shuts down: the cause the error verl raises last only follows from
         if died:
@@ -286,4 +288,4 @@ def train(cfg: C.Recipe, run_dir: str | os.PathLike[str], overrides: Sequence[st
 
             ray.shutdown()
             reap_run_processes(marker)  # ray.shutdown() returns before its workers have exited
-            remove_orphaned_shm(shm_before)  # what the processes Ray killed could not unlink
+            remove_orphaned_shm(segments.seen - shm_before)  # what the processes Ray killed could not unlink
