@@ -600,7 +600,8 @@ def evaluate_run(run_dir: Path, backend: str, base: EvalRequest) -> dict[str, di
 # --- command line --------------------------------------------------------------------------------------
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """``seal-eval``'s parser (held-in and ``--benchmark`` options) and that of its ``tau2`` command."""
     p = argparse.ArgumentParser(prog="seal-eval", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = p.add_subparsers(dest="command", title="commands", metavar="{tau2}",
@@ -661,6 +662,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="vllm: GPU memory fraction")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--log-level", default="warning")
+    return p, tau2_parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p, tau2_parser = build_parser()
     args = p.parse_args(argv)
     if args.command == "tau2":
         tau2.check_arguments(args, tau2_parser)
