@@ -80,7 +80,8 @@ class Child:
             log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log = open(log_path, "ab")  # noqa: SIM115 (open for the child's life: closed by stop())
         else:
-            self._log = tempfile.TemporaryFile()  # noqa: SIM115 (the same)
+            # append mode: the child shares this file's offset, so reading its tail must not move where it writes
+            self._log = tempfile.TemporaryFile(mode="a+b")  # noqa: SIM115 (the same)
         self._log_start = self._log.tell()
         try:
             self.proc = subprocess.Popen(list(cmd), cwd=cwd, env=None if env is None else dict(env),
