@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from seal.rollout.codec import EOS_TOKEN_ID, PAD_TOKEN_ID, QWEN25_MODEL_VOCAB_SIZE, build_qwen_tokenizer
+from seal.models.qwen25 import EOS_TOKEN_ID, PAD_TOKEN_ID, QWEN25_MODEL_VOCAB_SIZE, build_qwen_tokenizer
 from seal.rollout.hf_generation import HFGenerator, gpu_memory_budget
 from seal.rollout.types import Generation, SamplingParams
 
@@ -51,7 +51,7 @@ def build_model(kind: str, device: torch.device):
     """The tiny model of `exp/tiny_cpu.yaml` (float32) or a random Qwen2.5-0.5B-shaped one (bf16 on CUDA)."""
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    from seal.tiny_model import tiny_qwen2_config
+    from seal.models.tiny import tiny_qwen2_config
 
     torch.manual_seed(0)
     if kind == "tiny":

@@ -29,12 +29,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 import psutil  # noqa: E402
 
+from seal.models.qwen25 import EOS_TOKEN_ID, build_qwen_tokenizer  # noqa: E402
 from seal.rollout.client import EnvClient  # noqa: E402
-from seal.rollout.codec import (  # noqa: E402
-    EOS_TOKEN_ID,
-    ChatCodec,  # noqa: E402
-    build_qwen_tokenizer,
-)
+from seal.rollout.codec import ChatCodec  # noqa: E402
 from seal.rollout.episode import run_episode  # noqa: E402
 from seal.rollout.types import Generation, RolloutLimits, SamplingParams  # noqa: E402
 

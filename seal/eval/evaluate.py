@@ -9,7 +9,8 @@ Every policy plays through the one episode driver (``seal.rollout.episode.play_e
 training episodes, with its restart policy: token-level policies (``hf:``, ``vllm:``) token-exact, text-level
 ones (``openai:``, the ``ground_truth`` / ``empty`` self-checks) on text (``seal.eval.policies.TextTurns``).
 Records and summaries follow ``seal.eval.results``. ``--run runs/<exp>`` evaluates a run's last and best
-checkpoints; ``--benchmark`` runs an OOD harness (``seal.eval.ood``). Usage: ``docs/evaluation.md``.
+checkpoints; ``--benchmark`` runs an OOD harness (``seal.eval.ood``). ``seal-eval tau2 ...`` runs τ²-bench, a command
+with options of its own (``seal-eval tau2 --help``; ``seal.eval.taubench``). Usage: ``docs/evaluation.md``.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from seal.eval.results import (
     write_summary,
 )
 from seal.eval.stats import Estimate, format_estimate
+from seal.eval.taubench import harness as tau2
 from seal.io_utils import input_path
 from seal.redact import guard_output
 from seal.rollout.client import EnvClient, EnvClientError
@@ -598,9 +600,16 @@ def evaluate_run(run_dir: Path, backend: str, base: EvalRequest) -> dict[str, di
 # --- command line --------------------------------------------------------------------------------------
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """``seal-eval``'s parser (held-in and ``--benchmark`` options) and that of its ``tau2`` command."""
     p = argparse.ArgumentParser(prog="seal-eval", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = p.add_subparsers(dest="command", title="commands", metavar="{tau2}",
+                                description="without one: BFCL V3 multi-turn (the options below) or --benchmark")
+    tau2_parser = commands.add_parser("tau2", help="τ²-bench through the real τ² package, in its own environment "
+                                      "(seal-eval tau2 --help)", description=tau2.__doc__,
+                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    tau2.add_arguments(tau2_parser)
     p.add_argument("--policy", help="hf:<path> | vllm:<path> | openai:<base_url>#<model> | ground_truth | empty; "
                    "<path> is a model directory (from the cwd when it exists there, else from the project) or a "
                    "built-in model, e.g. hf:builtin:smollm2")
@@ -608,8 +617,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    "<run>/eval/last and <run>/eval/best; with --tasks, another --split or --rules "
                    "<run>/eval/<last|best>_<split or task subset>[_<rules>]); --resume and --overwrite as for --policy")
     p.add_argument("--backend", choices=["hf", "vllm"], default="hf", help="model backend for --run (default hf)")
-    p.add_argument("--benchmark", help="an OOD benchmark instead of BFCL V3: bfcl_v4_memory, bfcl_v4_web_search, "
-                   "tau2 (its own options: --benchmark tau2 --help)")
+    p.add_argument("--benchmark", help="an OOD benchmark instead of BFCL V3: bfcl_v4_memory, bfcl_v4_web_search "
+                   "(τ²-bench is the command `seal-eval tau2`)")
     p.add_argument("--memory-backends", default="kv,rec_sum,vector",
                    help="bfcl_v4_memory backends to run (default all three: BFCL's Memory is their mean)")
     p.add_argument("--rules", choices=list(RULES), default=DEFAULT_RULES,
@@ -653,7 +662,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="vllm: GPU memory fraction")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--log-level", default="warning")
+    return p, tau2_parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p, tau2_parser = build_parser()
     args = p.parse_args(argv)
+    if args.command == "tau2":
+        tau2.check_arguments(args, tau2_parser)
+        return args
+    if args.benchmark and args.benchmark.startswith("tau2"):
+        p.error("τ²-bench is a command of its own: seal-eval tau2 --domain ... --policy ... (seal-eval tau2 --help)")
     if bool(args.policy) == bool(args.run):
         p.error("give exactly one of --policy and --run")
     if args.run and args.benchmark:
@@ -687,11 +706,9 @@ def _default_out(args: argparse.Namespace, tasks: Sequence[str] | None) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from seal.eval import tau2
-
-    if tau2.requested(sys.argv[1:] if argv is None else argv):  # τ² runs in its own environment, own options
-        return tau2.main(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    if args.command == "tau2":  # τ² runs in its own environment, with options of its own
+        return tau2.main(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     guard_output()  # no secret's value in what this command prints or logs
     options = PolicyOptions(max_tokens_per_call=args.max_tokens_per_call, max_model_len=args.max_model_len,

@@ -1,4 +1,4 @@
-"""Out-of-distribution harnesses: BFCL V4 Memory and Web Search (agentic); τ²-bench is ``seal.eval.tau2``.
+"""Out-of-distribution harnesses: BFCL V4 Memory and Web Search (agentic); τ²-bench is ``seal.eval.taubench``.
 
 BFCL V4 agentic categories, played the way BFCL's own runner plays them (``bfcl_eval`` 2026.3.23:
 ``model_handler/base_handler.py``, ``utils.py``, ``eval_checker/eval_runner.py``), with our tool-call protocol:
@@ -60,7 +60,7 @@ from seal.eval.policies import EMPTY_REPLY, Agent, Message, Policy, PolicyError,
 from seal.eval.results import ood_summary, write_eval_dir
 from seal.redact import scrub
 
-BENCHMARKS = ("bfcl_v4_memory", "bfcl_v4_web_search")  # τ²-bench: seal.eval.tau2 (its own environment)
+BENCHMARKS = ("bfcl_v4_memory", "bfcl_v4_web_search")  # τ²-bench: seal.eval.taubench (its own environment)
 MEMORY_BACKENDS = ("kv", "rec_sum", "vector")
 WEB_SEARCH_CATEGORIES = ("web_search_base", "web_search_no_snippet")
 MAXIMUM_STEP_LIMIT = 20  # bfcl_eval.constants.default_prompts.MAXIMUM_STEP_LIMIT (checked in tests)

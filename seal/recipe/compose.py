@@ -393,11 +393,11 @@ def with_input_paths(cfg: Recipe) -> Recipe:
 def model_dir(cfg: Recipe) -> str:
     """The model directory a run loads: a built-in model's cached build (built when missing); with
     `model.build_tiny` the tiny random Qwen2, built first when missing (only inside the model cache,
-    `seal.tiny_model.prepare_tiny_model`); a local directory, absolute; else a hub id as given."""
+    `seal.models.tiny.prepare_tiny_model`); a local directory, absolute; else a hub id as given."""
     if is_builtin(cfg.model.path):
         return str(builtin_model(cfg.model.path))
     if cfg.model.build_tiny:
-        from seal.tiny_model import prepare_tiny_model
+        from seal.models.tiny import prepare_tiny_model
 
         # hidden, layers, seed, heads, kv_heads
         return str(prepare_tiny_model(input_path(cfg.model.path), **vars(cfg.model.tiny)))

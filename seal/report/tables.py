@@ -20,13 +20,13 @@ from env_service.rules import DESCRIPTIONS, RELEASE
 from env_service.vocab import CATEGORIES
 from seal.eval.results import AVERAGE, HELD_IN_HEADERS, HELD_IN_METRICS, EvalDataError, read_summary
 from seal.eval.stats import MISSING, Estimate, binomial_estimate, format_estimate, mean_estimate
-from seal.eval.tau2 import protocol_differences
+from seal.eval.taubench.harness import protocol_differences
 from seal.report import paper_numbers as pn
 from seal.report.paper_numbers import Row
 
 # Keys an OOD evaluation summary may carry under "accuracy" / "count" (docs/run_directory.md, extension).
 OOD_PARTS: tuple[str, ...] = tuple(part for parts in pn.OOD_SUITES.values() for part in parts)
-# τ² columns: placed beside the paper's only for runs under the paper's τ² protocol (seal.eval.tau2.PAPER)
+# τ² columns: placed beside the paper's only for runs under the paper's τ² protocol (seal.eval.taubench.harness.PAPER)
 TAU2_METRICS: tuple[str, ...] = (pn.TAU2_AVERAGE, *pn.OOD_SUITES[pn.TAU2_AVERAGE])
 BFCL_V4_PARTS: Mapping[str, tuple[str, ...]] = {
     "memory": ("memory_kv", "memory_rec_sum", "memory_vector"),

@@ -136,6 +136,27 @@ def test_curriculum_floor_and_determinism():
         task_probabilities(ids, stats, 0.0)
 
 
+def test_curriculum_draws_follow_the_probabilities_without_replacement():
+    # a pick of one task follows p(t); a batch of k is successive sampling: each pick renormalises p over the
+    # tasks not yet picked, so the second pick given the first is p(t) / (1 - p(first))
+    stats = RepairStats(prior=0.0)
+    stats.visits, stats.repaired = {ARG: 4.0}, {ARG: 3.0}
+    stats.tasks = {"a": {"mix": {}, "rate": 1.0, "visits": 1}, "b": {"mix": {ARG: 1.0}, "rate": 0.0, "visits": 1}}
+    ids = ["a", "b", "c"]  # scores 0, 0.75, 0.75 (never visited: the mean)
+    probs = task_probabilities(ids, stats, 0.4)
+    assert probs == pytest.approx([0.4 / 3, 0.4 / 3 + 0.3, 0.4 / 3 + 0.3])
+    draws = 20_000
+    firsts = [draw_batch(ids, stats, 0.4, 1, seed=3, step=s)[0] for s in range(draws)]
+    for i, p in enumerate(probs):  # 5 standard deviations of a binomial share: a wrong sampler lands far outside
+        assert abs(firsts.count(i) / draws - p) < 5 * (p * (1 - p) / draws) ** 0.5
+    pairs = [draw_batch(ids, stats, 0.4, 2, seed=4, step=s) for s in range(draws)]
+    assert all(len(set(pair)) == 2 for pair in pairs)
+    after_b = [second for first, second in pairs if first == 1]
+    want = probs[0] / (1 - probs[1])  # task a second, given b first
+    assert abs(after_b.count(0) / len(after_b) - want) < 5 * (want * (1 - want) / len(after_b)) ** 0.5
+    assert sorted(draw_batch(ids, stats, 0.4, 3, seed=0, step=0)) == [0, 1, 2]  # a full batch: every task once
+
+
 def _step(controller: SealController, step: int, rng: random.Random) -> tuple[dict, list[float], list[int]]:
     ids = [f"multi_turn_base_{i}" for i in range(6)]
     batch = draw_batch(ids, controller.repair, 0.2, 3, seed=5, step=step)

@@ -14,7 +14,7 @@ from env_service.vocab import CATEGORIES
 from seal import recipe as C
 from seal.engines.batching import compute_grpo_advantages, rollouts_to_dataproto
 from seal.engines.local import engine as E
-from seal.rollout.codec import EOS_TOKEN_ID, PAD_TOKEN_ID
+from seal.models.qwen25 import EOS_TOKEN_ID, PAD_TOKEN_ID
 from seal.rollout.types import Generation, Rollout, SamplingParams
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,7 +27,7 @@ TASKS = ["multi_turn_base_100", "multi_turn_long_context_144"]
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """A tiny random Qwen2 + the offline Qwen2.5 tokenizer on disk."""
-    from seal.tiny_model import build_tiny_qwen2
+    from seal.models.tiny import build_tiny_qwen2
 
     return build_tiny_qwen2(tmp_path_factory.mktemp("tiny") / "model")
 

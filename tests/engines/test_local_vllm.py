@@ -51,7 +51,7 @@ def peaked(tmp_path_factory):
     probabilities around 0.2, not the 1/150k of a random model), so that a change of weights shows in them."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from seal.tiny_model import build_tiny_qwen2
+    from seal.models.tiny import build_tiny_qwen2
 
     path = build_tiny_qwen2(tmp_path_factory.mktemp("peaked"), hidden=64, layers=2, heads=2, kv_heads=1)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
@@ -146,7 +146,7 @@ def test_the_local_engine_learns_with_vllm(tmp_path, tmp_path_factory, service_u
 
 def test_auto_takes_hf_for_a_model_vllm_cannot_run(tmp_path):
     pytest.importorskip("vllm")
-    from seal.tiny_model import build_tiny_qwen2
+    from seal.models.tiny import build_tiny_qwen2
 
     small = build_tiny_qwen2(tmp_path / "tiny16")  # the default tiny model: 4 heads of 16
     cpu = torch.device("cpu")

@@ -30,8 +30,8 @@ from seal.core.record import EpisodeRecord
 from seal.engines.verl.agent_loop import FEED_KEY, EpisodeFeed, close_loop_resources, rollout_to_output  # noqa: E402
 from seal.engines.verl.config import AGENT_LOOP_NAME, to_verl_config  # noqa: E402
 from seal.engines.verl.trainer import seal_advantages  # noqa: E402
+from seal.models.qwen25 import EOS_TOKEN_ID, build_qwen_tokenizer  # noqa: E402
 from seal.recipe import load_config  # noqa: E402
-from seal.rollout.codec import EOS_TOKEN_ID, build_qwen_tokenizer  # noqa: E402
 from seal.rollout.types import Rollout  # noqa: E402
 from tests.helpers import sampled_spans  # noqa: E402
 
@@ -105,7 +105,7 @@ def tok():
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory, tok):
     """config.json + tokenizer only: verl's worker loads the tokenizer and HF config, never weights."""
-    from seal.tiny_model import tiny_qwen2_config
+    from seal.models.tiny import tiny_qwen2_config
 
     path = tmp_path_factory.mktemp("tiny_qwen2")
     cfg = tiny_qwen2_config()

@@ -57,9 +57,9 @@ def test_tq_worker_writes_every_field_the_advantage_step_reads(tq_cluster, servi
     from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
     from verl.utils.tensordict_utils import assign_non_tensor_data
 
+    from seal.models.qwen25 import build_qwen_tokenizer
+    from seal.models.tiny import tiny_qwen2_config
     from seal.recipe import load_config
-    from seal.rollout.codec import build_qwen_tokenizer
-    from seal.tiny_model import tiny_qwen2_config
 
     tq = tq_cluster
     tok = build_qwen_tokenizer()

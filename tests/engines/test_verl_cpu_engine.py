@@ -95,7 +95,7 @@ def _packed_vs_padded(model_dir: str, port: int, queue) -> None:  # runs in the 
 def test_remove_padding_forward_under_sdpa_matches_unpacked(tmp_path):
     import torch
 
-    from seal.tiny_model import build_tiny_qwen2
+    from seal.models.tiny import build_tiny_qwen2
 
     model_dir = build_tiny_qwen2(tmp_path / "tiny", hidden=64, layers=2)
     ctx = mp.get_context("spawn")

@@ -146,7 +146,7 @@ def test_the_learning_recipe_and_its_knobs():
 
 
 def test_a_cached_tiny_model_of_another_shape_is_refused(tmp_path, monkeypatch):
-    from seal.tiny_model import prepare_tiny_model
+    from seal.models.tiny import prepare_tiny_model
 
     monkeypatch.setenv("SEAL_MODEL_CACHE", str(tmp_path))
     built = prepare_tiny_model(tmp_path / "tiny", hidden=64, heads=2, kv_heads=1)

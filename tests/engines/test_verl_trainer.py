@@ -28,8 +28,8 @@ from seal.engines.checkpoint_trust import MANIFEST_FILE, UntrustedCheckpoint  # 
 from seal.engines.verl.agent_loop import FEED_KEY, EpisodeFeed, rollout_to_output  # noqa: E402
 from seal.engines.verl.config import TRAINER_MODE, to_verl_config  # noqa: E402
 from seal.logging_utils import trim_metrics  # noqa: E402
+from seal.models.qwen25 import EOS_TOKEN_ID  # noqa: E402
 from seal.recipe import REPO_ROOT, load_config  # noqa: E402
-from seal.rollout.codec import EOS_TOKEN_ID  # noqa: E402
 from seal.rollout.types import Rollout  # noqa: E402
 
 # Static A-Patch weights chosen for the hand computation (capability.enable=false -> no dynamics).
@@ -39,8 +39,8 @@ STATIC = ["seal.capability.enable=false", "seal.apatch.tag_weights=" + json.dump
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from seal.rollout.codec import build_qwen_tokenizer
-    from seal.tiny_model import tiny_qwen2_config
+    from seal.models.qwen25 import build_qwen_tokenizer
+    from seal.models.tiny import tiny_qwen2_config
 
     path = tmp_path_factory.mktemp("tiny_qwen2_cfg")
     cfg = tiny_qwen2_config()

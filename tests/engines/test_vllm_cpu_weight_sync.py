@@ -33,7 +33,7 @@ def _shm() -> set[str]:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from seal.tiny_model import build_tiny_qwen2
+    from seal.models.tiny import build_tiny_qwen2
 
     # vLLM's CPU attention needs head_dim >= 32: hidden 64 over 2 heads.
     return build_tiny_qwen2(tmp_path_factory.mktemp("tiny"), hidden=64, layers=2, heads=2, kv_heads=1)

@@ -227,7 +227,7 @@ def test_hf_model_dir_explains_verl_checkpoints(tmp_path):
 def test_run_evaluates_last_and_best_checkpoints(service_url, tmp_path, capsys):
     import shutil
 
-    from seal.tiny_model import build_tiny_qwen2
+    from seal.models.tiny import build_tiny_qwen2
 
     run = make_run(tmp_path / "run", [2, 4], {0: 0.0, 2: 0.5, 4: 0.25},
                    {"step": 2, "path": "checkpoints/step_2", "metric": "val/accuracy/average", "value": 0.5})

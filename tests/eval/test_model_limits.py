@@ -30,7 +30,7 @@ UNREACHABLE_ENV = "http://127.0.0.1:9"  # nothing listens: any episode attempted
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from seal.tiny_model import build_tiny_qwen2
+    from seal.models.tiny import build_tiny_qwen2
 
     return build_tiny_qwen2(tmp_path_factory.mktemp("tiny") / "model")
 
@@ -144,7 +144,7 @@ def test_model_faults_exit_2_before_any_episode(tiny, tmp_path, capsys, fault, m
 
 
 def test_tiny_build_never_writes_into_a_users_path(tmp_path, monkeypatch, tiny):
-    from seal.tiny_model import prepare_tiny_model
+    from seal.models.tiny import prepare_tiny_model
 
     monkeypatch.setenv("SEAL_MODEL_CACHE", str(tmp_path / "cache"))
     typo = tmp_path / "my_models" / "qwen_typo"

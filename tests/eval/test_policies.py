@@ -214,7 +214,7 @@ def test_context_error_is_recognised():
 
 
 def test_hf_policy_runs_on_a_tiny_qwen2(service_url, tmp_path):
-    from seal.tiny_model import build_tiny_qwen2
+    from seal.models.tiny import build_tiny_qwen2
 
     model_dir = build_tiny_qwen2(tmp_path / "tiny")
     tasks = ["multi_turn_base_100", "multi_turn_miss_param_100"]

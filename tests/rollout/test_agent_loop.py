@@ -7,8 +7,9 @@ import itertools
 
 import pytest
 
+from seal.models.qwen25 import EOS_TOKEN_ID, build_qwen_tokenizer
 from seal.rollout.client import EnvClientError, EnvProtocolError, EnvUnavailable
-from seal.rollout.codec import EOS_TOKEN_ID, ChatCodec, build_qwen_tokenizer
+from seal.rollout.codec import ChatCodec
 from seal.rollout.episode import OBS_TRUNCATION_MARKER, EpisodeRequest, run_batch, run_episode
 from seal.rollout.types import Generation, RolloutLimits
 from tests.rollout.scripted import SYSTEM, USER, ScriptedEnv, ScriptedModel

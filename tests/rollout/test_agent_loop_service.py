@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
+from seal.models.qwen25 import EOS_TOKEN_ID, build_qwen_tokenizer
 from seal.rollout.client import EnvClient, EnvClientError
-from seal.rollout.codec import EOS_TOKEN_ID, build_qwen_tokenizer
 from seal.rollout.episode import run_episode
 from seal.rollout.types import Generation, RolloutLimits
 from tests.helpers import sampled_spans  # noqa: E402

@@ -20,7 +20,7 @@ CPU = torch.device("cpu")
 def tiny(tmp_path_factory):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from seal.tiny_model import build_tiny_qwen2
+    from seal.models.tiny import build_tiny_qwen2
 
     path = build_tiny_qwen2(tmp_path_factory.mktemp("tiny") / "model")
     return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)

@@ -1,4 +1,5 @@
-"""Offline Qwen2.5 tokenizer (seal.rollout.codec) and tiny Qwen2 model (seal.tiny_model)."""
+"""Offline Qwen2.5 tokenizer (seal.models.qwen25), its fast encoder (seal.rollout.codec) and tiny Qwen2 model
+(seal.models.tiny)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import unicodedata
 
 import pytest
 
-from seal.rollout import codec as qt
+from seal.models import qwen25 as qt
+from seal.rollout.codec import fast_encoder_for
 
 TEXTS = [
     "Hello world! The quick brown fox jumps over 13 lazy dogs.",
@@ -64,7 +66,7 @@ def test_round_trip(tok, text):
 
 
 def test_fast_encoder_matches_the_hf_tokenizer(tok):
-    fast = qt.fast_encoder_for(tok)
+    fast = fast_encoder_for(tok)
     assert fast is not None
     chat = tok.apply_chat_template(
         [{"role": "system", "content": TEXTS[3]}, {"role": "user", "content": TEXTS[1]},
@@ -163,7 +165,7 @@ def test_tiny_model_loads_and_generates(tmp_path, tok):
     torch = pytest.importorskip("torch")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from seal.tiny_model import build_tiny_qwen2
+    from seal.models.tiny import build_tiny_qwen2
 
     out = build_tiny_qwen2(tmp_path / "tiny", hidden=64, layers=1, seed=0)
     model = AutoModelForCausalLM.from_pretrained(out)

@@ -1,8 +1,8 @@
 """A random tiny Qwen2 model with the real Qwen2.5 vocabulary, built offline.
 
-Used by CPU tests and the embedded `local` engine: same tokenizer, chat template, eos/pad ids and
-vocabulary size as Qwen2.5 (so sequences, masks and lengths are realistic) but a few million random
-parameters. Greedy output of a random model is degenerate; sample when varied rollouts are needed.
+Used by CPU tests and the embedded `local` engine: same tokenizer (the offline one, `seal.models.qwen25`), chat
+template, eos/pad ids and vocabulary size as Qwen2.5 (so sequences, masks and lengths are realistic) but a few
+million random parameters. Greedy output of a random model is degenerate; sample when varied rollouts are needed.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from seal.rollout.codec import (
+from seal.models.qwen25 import (
     EOS_TOKEN_ID,
     PAD_TOKEN_ID,
     QWEN25_MODEL_VOCAB_SIZE,

@@ -1,9 +1,9 @@
 """Runs inside τ²'s own interpreter (``.venv-tau2``): plays one domain with τ²'s CLI and reports what ran.
 
-Started by ``seal.eval.tau2`` as ``<tau2-python> -P seal/eval/tau2_driver.py REQUEST.json REPORT.json`` (``-P``: this
-file's folder must not lead sys.path, where ``seal/eval/tau2.py`` would shadow the τ² package); it imports
-only the standard library and the installed τ² package, because τ²'s environment is not this project's (upstream
-tau2-bench needs Python >= 3.12 and pins its own litellm, pydantic, ...).
+Started by ``seal.eval.taubench.harness`` as ``<tau2-python> seal/eval/taubench/driver.py REQUEST.json REPORT.json``.
+Run as a script, this file's folder leads sys.path: no module in it is named like the τ² package, so ``import tau2``
+finds τ²'s own (no ``-P`` needed). It imports only the standard library and the installed τ² package, because τ²'s
+environment is not this project's (upstream tau2-bench needs Python >= 3.12 and pins its own litellm, pydantic, ...).
 
 What it does:
 
@@ -134,7 +134,7 @@ def score(saved: Path, num_trials: int) -> dict:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: tau2_driver.py REQUEST.json REPORT.json", file=sys.stderr)
+        print("usage: driver.py REQUEST.json REPORT.json", file=sys.stderr)
         return 2
     request = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
     report = {"identity": identify(request["domain"])}

