@@ -14,7 +14,7 @@ cache); `--vllm` adds a third row: the same episodes, prompts, seeds and samplin
 `rollout.backend: vllm` (`seal.rollout.vllm_generation.colocated_vllm`: vLLM in this process, float32 on CPU like
 the actor, eager mode, prefix caching, a KV cache sized for the episodes), one run after a warm-up call. vLLM
 needs the model as a directory: `--model smollm2`. Its row is what `rollout.backend: auto` is decided on
-(`MEASURED_VLLM_SPEEDUP` in `seal/engines/local/engine.py`).
+(`MEASURED_VLLM_SPEEDUP_CPU` in `seal/engines/local/backend.py`).
 
     python scripts/bench_generation.py [--episodes 32] [--calls 3] [--prompt-tokens 1024] [--max-tokens 32]
     python scripts/bench_generation.py --model qwen0.5b --device cuda --prompt-tokens 4096 --max-tokens 128

@@ -9,6 +9,7 @@ Every name and format here is what existing runs hold, so old runs still resume 
     metrics.jsonl                       one JSON object per line, each with an int "step"
     wandb_run_id                        the wandb run id, so a resumed run logs into the same wandb run
     validation/step_<N>.jsonl           per-episode validation records (local engine)
+    transcripts/step_<N>.jsonl          a sample of step N's training episodes (`transcript_entry`; both engines)
     verl_config.yaml, data/<split>_subset.parquet          (verl engine)
     checkpoints/step_<N>/               local: HF model + tokenizer, seal_state.json, trainer_state.pt
     checkpoints/global_step_<N>/        verl: actor/ (shards, optimizer, actor/huggingface), seal_state.json;
@@ -30,12 +31,15 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from seal.io_utils import write_json_atomic
+
+if TYPE_CHECKING:
+    from seal.core.record import EpisodeRecord
 
 log = logging.getLogger(__name__)
 
@@ -358,9 +362,33 @@ def cut_text(text: str, keep_end: bool = False) -> str:
     return f"{note} {text[-TRANSCRIPT_TEXT_CHARS:]}" if keep_end else f"{text[:TRANSCRIPT_TEXT_CHARS]} {note}"
 
 
+# One line of `transcripts/step_<N>.jsonl`, the same in both engines (docs/run_directory.md): the episode's record
+# and its token sequences decoded as the model saw them.
+TRANSCRIPT_FIELDS = ("task_id", "category", "reward", "accuracy", "failure_tags", "excluded", "exclude_reason",
+                     "prompt", "response")
+
+
+def transcript_entry(record: EpisodeRecord, tokenizer: Any, prompt_ids: Sequence[int],
+                     response_ids: Sequence[int]) -> dict[str, Any]:
+    """The transcript line of one episode (`TRANSCRIPT_FIELDS`): its record's fields, and its prompt and response
+    token ids decoded with the policy's tokenizer, chat template and special tokens included, so the text is
+    what the model read and wrote: the prompt's end (its start is the tool documentation) and the response's
+    start (the model's turns and the observations between them), each cut by `cut_text`."""
+    return {"task_id": record.task_id, "category": record.category, "reward": record.reward,
+            "accuracy": record.accuracy, "failure_tags": list(record.failure_tags), "excluded": record.excluded,
+            "exclude_reason": record.exclude_reason,
+            "prompt": cut_text(tokenizer.decode(list(prompt_ids)), keep_end=True),
+            "response": cut_text(tokenizer.decode(list(response_ids)))}
+
+
 def write_transcripts(path: Path, entries: list[dict[str, Any]]) -> None:
-    """One JSON line per kept episode (`transcript_sample`), texts already cut (`cut_text`): a user can read
-    what the model did at every step, in a file bounded whatever the batch size."""
+    """One JSON line per kept episode (`transcript_sample`), each a `transcript_entry`: a user can read what
+    the model did at every step, in a file bounded whatever the batch size. An entry with other fields is
+    refused (ValueError) before anything is written: one schema for both engines."""
+    for entry in entries:
+        if tuple(entry) != TRANSCRIPT_FIELDS:
+            raise ValueError(f"transcript entry fields {tuple(entry)} are not {TRANSCRIPT_FIELDS} "
+                             "(build entries with seal.run_dir.transcript_entry)")
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as fh:
         for entry in entries:

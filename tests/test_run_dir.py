@@ -136,3 +136,31 @@ def test_hf_weights_dir(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "pytorch_model.bin").write_bytes(b"")
     assert R.hf_weights_dir(tmp_path) == tmp_path  # the local engine's layout comes first
+
+
+def test_transcripts_have_one_schema(tmp_path):
+    """`transcript_entry` builds every transcript line (both engines call it; their tests check their side), and
+    `write_transcripts` refuses a line of any other shape before it writes anything."""
+    from seal.core.record import EpisodeRecord
+
+    class Decoder:  # the tokenizer's decode, on ids that are character codes
+        def decode(self, ids):
+            return "".join(map(chr, ids))
+
+    record = EpisodeRecord("multi_turn_base_3", failure_tags=("pass", "state_mismatch"), reward=0.5, accuracy=0.0,
+                           excluded=True, exclude_reason="infrastructure")
+    entry = R.transcript_entry(record, Decoder(), [ord(c) for c in "x" * (R.TRANSCRIPT_TEXT_CHARS + 2) + "P"],
+                               [ord(c) for c in "reply"])
+    assert tuple(entry) == R.TRANSCRIPT_FIELDS
+    assert entry == {"task_id": "multi_turn_base_3", "category": "multi_turn_base", "reward": 0.5, "accuracy": 0.0,
+                     "failure_tags": ["pass", "state_mismatch"], "excluded": True, "exclude_reason": "infrastructure",
+                     "prompt": "[... 3 characters cut] " + "x" * (R.TRANSCRIPT_TEXT_CHARS - 1) + "P",
+                     "response": "reply"}
+    path = tmp_path / "transcripts" / "step_1.jsonl"
+    R.write_transcripts(path, [entry])
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [entry]
+    other = tmp_path / "transcripts" / "step_2.jsonl"
+    for bad in ({**entry, "messages": []}, {k: v for k, v in entry.items() if k != "prompt"}):
+        with pytest.raises(ValueError, match="transcript_entry"):
+            R.write_transcripts(other, [entry, bad])
+        assert not other.exists()

@@ -208,13 +208,13 @@ class _Payload:
 def test_local_trainer_state_refuses_a_crafted_pickle(tmp_path):
     import torch
 
-    from seal.engines.local import engine
+    from seal.engines.local import checkpoint
 
     marker = tmp_path / "code_ran"
     crafted = tmp_path / "trainer_state.pt"
     torch.save({"optimizer": {}, "step": 1, "rng": _Payload(marker)}, crafted)
     with pytest.raises(ValueError, match="refused"):
-        engine.load_trainer_state(crafted)
+        checkpoint.load_trainer_state(crafted)
     assert not marker.exists()
     # The file is a real attack: the loader the engine used before (weights_only=False) runs its code.
     torch.load(crafted, weights_only=False)
@@ -227,7 +227,7 @@ def test_local_trainer_state_round_trips_without_pickled_objects(tmp_path):
     import numpy as np
     import torch
 
-    from seal.engines.local import engine
+    from seal.engines.local import checkpoint
 
     model = torch.nn.Linear(3, 2)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -236,12 +236,12 @@ def test_local_trainer_state_round_trips_without_pickled_objects(tmp_path):
     torch.manual_seed(5), np.random.seed(6), random.seed(7)
     path = tmp_path / "trainer_state.pt"
     torch.save({"optimizer": optimizer.state_dict(), "step": 4, "best": {"step": 2, "value": 0.5},
-                "rng": engine.rng_state()}, path)
+                "rng": checkpoint.rng_state()}, path)
     expected = (torch.rand(2).tolist(), np.random.rand(2).tolist(), random.random())
-    state = engine.load_trainer_state(path)
+    state = checkpoint.load_trainer_state(path)
     fresh = torch.optim.AdamW(torch.nn.Linear(3, 2).parameters(), lr=1e-3)
     fresh.load_state_dict(state["optimizer"])
-    engine.set_rng_state(state["rng"])
+    checkpoint.set_rng_state(state["rng"])
     assert (torch.rand(2).tolist(), np.random.rand(2).tolist(), random.random()) == expected
     assert state["step"] == 4 and state["best"] == {"step": 2, "value": 0.5}
 

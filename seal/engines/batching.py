@@ -146,3 +146,15 @@ def no_learning_signal(advantages: torch.Tensor, response_mask: torch.Tensor, en
     if entropy_coeff != 0.0:
         return False
     return not bool(advantages[response_mask.bool()].any())
+
+
+# What a skipped update logs, in both engines: the flag, and the two quantities that are exactly zero on such a
+# step (the policy-gradient loss: every advantage is zero; the gradient norm: no backward ran). Nothing else, so
+# no engine invents a value for a quantity it did not compute (a learning rate, a KL term, a clip fraction).
+SKIPPED_UPDATE_KEYS = ("actor/update_skipped", "actor/pg_loss", "actor/grad_norm")
+
+
+def skipped_update_metrics() -> dict[str, float]:
+    """The metrics of a step whose update was skipped (`no_learning_signal`): `SKIPPED_UPDATE_KEYS`, the flag 1
+    and the policy-gradient loss and gradient norm 0. A step that updates logs `actor/update_skipped` 0."""
+    return {"actor/update_skipped": 1.0, "actor/pg_loss": 0.0, "actor/grad_norm": 0.0}

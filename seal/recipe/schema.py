@@ -43,7 +43,7 @@ TRAINER_DEVICES = ("cuda", "cpu")
 # verl engine: what of the FSDP actor lives in host memory between uses (docs/verl_engine.md, memory table).
 ACTOR_OFFLOADS = ("none", "optimizer", "all")
 WARM_START_SCHEDULES = ("constant", "cosine")
-# The local engine's generation (seal.engines.local.engine.choose_backend resolves `auto`).
+# The local engine's generation (seal.engines.local.backend.choose_backend resolves `auto`).
 ROLLOUT_BACKENDS = ("auto", "hf", "vllm")
 # verl.trainer.ppo.core_algos.kl_penalty / agg_loss accept these.
 KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")

@@ -12,8 +12,16 @@ import torch
 
 from env_service.vocab import CATEGORIES
 from seal import recipe as C
-from seal.engines.batching import compute_grpo_advantages, rollouts_to_dataproto
+from seal.engines.batching import (
+    SKIPPED_UPDATE_KEYS,
+    compute_grpo_advantages,
+    no_learning_signal,
+    rollouts_to_dataproto,
+    skipped_update_metrics,
+)
+from seal.engines.local import actor as A
 from seal.engines.local import engine as E
+from seal.engines.local import rollouts as R
 from seal.models.qwen25 import EOS_TOKEN_ID, PAD_TOKEN_ID
 from seal.rollout.types import Generation, Rollout, SamplingParams
 
@@ -36,15 +44,15 @@ def test_load_tasks_round_robin_and_epoch_order():
     tasks = E.load_tasks(TRAIN, limit=6)
     assert [t.category for t in tasks[:4]] == list(CATEGORIES) and tasks[4].category == CATEGORIES[0]
     assert len(E.load_tasks(TRAIN)) == 400
-    first, again = E.epoch_order(400, 0, 1, True), E.epoch_order(400, 0, 1, True)
-    second = E.epoch_order(400, 1, 1, True)
+    first, again = R.epoch_order(400, 0, 1, True), R.epoch_order(400, 0, 1, True)
+    second = R.epoch_order(400, 1, 1, True)
     assert first == again and first != second and sorted(first) == list(range(400))
-    assert E.epoch_order(5, 3, 1, False) == [0, 1, 2, 3, 4]
+    assert R.epoch_order(5, 3, 1, False) == [0, 1, 2, 3, 4]
     cfg = C.load_config(REPO / "exp" / "SEAL.yaml")
     all_tasks = E.load_tasks(TRAIN)
-    epoch, index, batch = E.step_tasks(all_tasks, 13, cfg)  # 12 steps per epoch: step 13 opens epoch 1
+    epoch, index, batch = R.step_tasks(all_tasks, 13, cfg.data, cfg.seed)  # 12 steps per epoch: step 13 opens epoch 1
     assert (epoch, index, len(batch)) == (1, 0, 32)
-    seen = {t.task_id for s in range(1, 13) for t in E.step_tasks(all_tasks, s, cfg)[2]}
+    seen = {t.task_id for s in range(1, 13) for t in R.step_tasks(all_tasks, s, cfg.data, cfg.seed)[2]}
     assert len(seen) == 384  # one epoch = 12 disjoint batches (drop_last: 16 tasks wait)
     with pytest.raises(FileNotFoundError):
         E.load_tasks(REPO / "data" / "nope.parquet")
@@ -58,7 +66,7 @@ def test_failure_profile_sampler_draws_from_the_controllers_statistics_and_resum
     all_tasks = E.load_tasks(TRAIN)
     stats = RepairStats()
     for step in range(1, 4):
-        batch = E.step_tasks(all_tasks, step, cfg, stats)[2]
+        batch = R.step_tasks(all_tasks, step, cfg.data, cfg.seed, stats)[2]
         assert len({t.task_id for t in batch}) == cfg.data.train_batch_size
         # the first task of each batch always succeeds, the others fail with a state mismatch
         stats.observe([EpisodeRecord(t.task_id, failure_tags=("pass",) if i == 0 else ("state_mismatch",),
@@ -66,18 +74,22 @@ def test_failure_profile_sampler_draws_from_the_controllers_statistics_and_resum
                        for i, t in enumerate(batch) for _ in range(2)], step)
     restored = RepairStats()
     restored.load_state_dict(json.loads(json.dumps(stats.state_dict())))
-    assert E.step_tasks(all_tasks, 4, cfg, restored) == E.step_tasks(all_tasks, 4, cfg, stats)
-    assert E.step_tasks(all_tasks, 4, cfg, stats) != E.step_tasks(all_tasks, 5, cfg, stats)
+    assert R.step_tasks(all_tasks, 4, cfg.data, cfg.seed, restored) == R.step_tasks(all_tasks, 4, cfg.data, cfg.seed,
+                                                                                    stats)
+    assert R.step_tasks(all_tasks, 4, cfg.data, cfg.seed, stats) != R.step_tasks(all_tasks, 5, cfg.data, cfg.seed,
+                                                                                  stats)
     with pytest.raises(ValueError, match="repair statistics"):
-        E.step_tasks(all_tasks, 1, cfg)
+        R.step_tasks(all_tasks, 1, cfg.data, cfg.seed)
 
 
 def test_hf_generator_is_seeded_and_keeps_tokens(tiny):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from seal.rollout.hf_generation import HFGenerator
+
     tok = AutoTokenizer.from_pretrained(tiny)
     model = AutoModelForCausalLM.from_pretrained(tiny).eval()
-    gen = E.HFGenerator(model, tok, torch.device("cpu"))
+    gen = HFGenerator(model, tok, torch.device("cpu"))
     assert gen.stop_ids == sorted({EOS_TOKEN_ID, PAD_TOKEN_ID})
     prompt = tok.encode("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n")
     sample = SamplingParams(temperature=1.0, max_tokens=12, seed=5)
@@ -101,6 +113,12 @@ def _rollout(tok, reward: float, text: str) -> Rollout:
                    failure_tags=["pass"] if reward else ["state_mismatch"])
 
 
+def _ppo_update(model, ref, opt, data, cfg) -> dict:
+    """The engine's update call: the actor's sub-config, the sampling temperature, the batch size, on CPU."""
+    return A.ppo_update(model, ref, opt, data, cfg.actor, temperature=cfg.rollout.temperature or 1.0,
+                        train_batch_size=cfg.data.train_batch_size, device=torch.device("cpu"))
+
+
 def _update_once(tiny, rewards: tuple[float, float]):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -112,10 +130,10 @@ def _update_once(tiny, rewards: tuple[float, float]):
     first, second = _rollout(tok, rewards[0], "The sum is 5."), _rollout(tok, rewards[1], "I refuse.")
     data = rollouts_to_dataproto([first, second, first, second], PAD_TOKEN_ID)
     compute_grpo_advantages(data)
-    before = E.batch_logprobs(model, data, 1, torch.device("cpu"), 1.0, None).sum(-1)
+    before = A.batch_logprobs(model, data, 1, torch.device("cpu"), 1.0, None).sum(-1)
     opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.0)
-    metrics = E.ppo_update(model, ref, opt, data, cfg, torch.device("cpu"))
-    after = E.batch_logprobs(model, data, 1, torch.device("cpu"), 1.0, None).sum(-1)
+    metrics = _ppo_update(model, ref, opt, data, cfg)
+    after = A.batch_logprobs(model, data, 1, torch.device("cpu"), 1.0, None).sum(-1)
     adv, mask = data.batch["advantages"], data.batch["response_mask"]
     metrics["expected_pg_loss"] = float(-(adv * mask).sum() / mask.sum())  # ratio 1: token-mean of -A
     return (after[0] - after[1]) - (before[0] - before[1]), metrics
@@ -150,8 +168,8 @@ def test_response_logprobs_on_masked_tokens_equal_the_full_logits(tiny, monkeypa
         ent = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
         for plain in (True, False):
             if not plain:
-                monkeypatch.setattr(E, "_PLAIN_LM_HEAD", frozenset())
-            logp, h = E.response_logprobs(model, ids, attn, pos, mask, 0.7, with_entropy=True)
+                monkeypatch.setattr(A, "_PLAIN_LM_HEAD", frozenset())
+            logp, h = A.response_logprobs(model, ids, attn, pos, mask, 0.7, with_entropy=True)
             torch.testing.assert_close(logp, full * mask, rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(h, ent * mask, rtol=1e-4, atol=1e-4)
             assert (logp[mask == 0] == 0).all() and (logp[mask == 1] < 0).all()
@@ -230,7 +248,7 @@ def test_resume_continues_exactly(tmp_path, tiny, service_url, extra):
     assert rows[0]["actor/update_skipped"] == 0.0
     sample = [json.loads(line) for line in (full / "transcripts" / "step_1.jsonl").read_text().splitlines()]
     assert sorted(r["task_id"] for r in sample) == sorted(TASKS)  # one transcript per task of the step
-    assert all(r["messages"][0]["role"] == "system" and r["num_model_calls"] >= 1 for r in sample)
+    assert all(r["prompt"].endswith("<|im_start|>assistant\n") and r["response"] for r in sample)
 
     # Crash after step 1's checkpoint: the resumed run must reproduce step 2 exactly.
     resumed = tmp_path / "resumed"
@@ -282,24 +300,25 @@ def test_a_step_without_any_advantage_skips_the_update(tiny):
     compute_grpo_advantages(data)  # every reward 0: every advantage 0
     calls = _counting_layer_forwards(model)
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
-    metrics = E.ppo_update(model, model, opt, data, cfg, torch.device("cpu"))
+    metrics = _ppo_update(model, model, opt, data, cfg)
     assert calls[0] == 0 and not opt.state  # no forward, no optimizer step
+    # the one skip record of both engines (the verl adapter's side: tests/engines/test_verl_trainer.py)
+    assert metrics == skipped_update_metrics() and tuple(metrics) == SKIPPED_UPDATE_KEYS
     assert metrics["actor/update_skipped"] == 1.0 and metrics["actor/grad_norm"] == 0.0
-    assert {"actor/pg_loss", "actor/lr", "actor/num_mini_batches"} <= set(metrics)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     # an entropy bonus has a gradient of its own: that step is not skipped
     entropy = C.load_config(REPO / "exp" / "tiny_cpu.yaml", ["data.train_batch_size=2", "actor.ppo_mini_batch_size=2",
                                                              "actor.entropy_coeff=0.01"])
     adv, mask = data.batch["advantages"], data.batch["response_mask"]
-    assert not E.no_learning_signal(adv, mask, entropy.actor.entropy_coeff)
-    assert E.no_learning_signal(adv, mask, cfg.actor.entropy_coeff)
+    assert not no_learning_signal(adv, mask, entropy.actor.entropy_coeff)
+    assert no_learning_signal(adv, mask, cfg.actor.entropy_coeff)
     # one nonzero advantage on a sampled token is a learning signal; on an unsampled one it is not
     adv = adv.clone()
     adv[0, int(mask[0].nonzero()[0])] = 0.5
-    assert not E.no_learning_signal(adv, mask, 0.0)
+    assert not no_learning_signal(adv, mask, 0.0)
     assert bool((mask == 0).any())  # observation tokens / padding
     adv = torch.where(mask == 0, 0.5, 0.0)
-    assert E.no_learning_signal(adv, mask, 0.0)
+    assert no_learning_signal(adv, mask, 0.0)
 
 
 def test_gradient_checkpointing_recomputes_layers_with_the_same_update(tiny):
@@ -316,10 +335,9 @@ def test_gradient_checkpointing_recomputes_layers_with_the_same_update(tiny):
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
         if checkpointing:
-            E.enable_gradient_checkpointing(model)
+            A.enable_gradient_checkpointing(model)
         calls = _counting_layer_forwards(model)
-        metrics = E.ppo_update(model, None, torch.optim.AdamW(model.parameters(), lr=0.01), data, cfg,
-                               torch.device("cpu"))
+        metrics = _ppo_update(model, None, torch.optim.AdamW(model.parameters(), lr=0.01), data, cfg)
         results[checkpointing] = (calls[0], metrics, model.state_dict())
     (plain_calls, plain, plain_w), (ckpt_calls, ckpt, ckpt_w) = results[False], results[True]
     rows, layers = 4, len(AutoModelForCausalLM.from_pretrained(tiny).model.layers)
@@ -329,17 +347,31 @@ def test_gradient_checkpointing_recomputes_layers_with_the_same_update(tiny):
     assert all(torch.allclose(ckpt_w[k], plain_w[k], atol=1e-6) for k in plain_w)
 
 
-def test_transcript_sample_is_bounded(tmp_path):
-    from seal.run_dir import TRANSCRIPT_TEXT_CHARS, TRANSCRIPTS_PER_STEP, write_transcripts
+def test_transcript_sample_is_bounded_and_has_the_one_schema(tmp_path, tiny):
+    # The local engine's transcript lines are `seal.run_dir.transcript_entry`s, field for field what the verl
+    # engine writes (tests/engines/test_verl_trainer.py checks its side): the token sequences decoded.
+    from transformers import AutoTokenizer
 
-    long = "x" * (TRANSCRIPT_TEXT_CHARS + 10)
-    rollouts = [Rollout(task_id=f"multi_turn_base_{i // 2}", mode="train", reward=float(i % 2),
-                        messages=[{"role": "system", "content": long}, {"role": "assistant", "content": "hi"}])
+    from seal.run_dir import TRANSCRIPT_FIELDS, TRANSCRIPT_TEXT_CHARS, TRANSCRIPTS_PER_STEP, write_transcripts
+
+    tok = AutoTokenizer.from_pretrained(tiny)
+    prompt = tok.encode("<|im_start|>system\n" + "x" * TRANSCRIPT_TEXT_CHARS + "<|im_end|>\n<|im_start|>assistant\n")
+    response = tok.encode("hi") + [EOS_TOKEN_ID]
+    rollouts = [Rollout(task_id=f"multi_turn_base_{i // 2}", mode="train", reward=float(i % 2), prompt_ids=prompt,
+                        response_ids=response, response_mask=[1] * len(response), category="multi_turn_base",
+                        failure_tags=["state_mismatch"], excluded=i == 2, exclude_reason="infrastructure" if i == 2
+                        else None)
                 for i in range(2 * (TRANSCRIPTS_PER_STEP + 3))]
     path = tmp_path / "transcripts" / "step_3.jsonl"
-    write_transcripts(path, E.transcript_entries(rollouts))
+    write_transcripts(path, R.transcript_entries(rollouts, tok))
     lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert all(tuple(line) == TRANSCRIPT_FIELDS for line in lines)
     assert [r["task_id"] for r in lines] == [f"multi_turn_base_{i}" for i in range(TRANSCRIPTS_PER_STEP)]
     assert [r["reward"] for r in lines] == [0.0] * TRANSCRIPTS_PER_STEP  # the first rollout of each task
-    assert lines[0]["messages"][0]["content"].endswith("[... 10 characters cut]")
-    assert lines[0]["messages"][1]["content"] == "hi"
+    assert [r["excluded"] for r in lines[:2]] == [False, True] and lines[1]["exclude_reason"] == "infrastructure"
+    assert lines[0]["failure_tags"] == ["state_mismatch"] and lines[0]["category"] == "multi_turn_base"
+    full_prompt = tok.decode(prompt)
+    cut = len(full_prompt) - TRANSCRIPT_TEXT_CHARS
+    assert cut > 0 and lines[0]["prompt"] == f"[... {cut} characters cut] {full_prompt[-TRANSCRIPT_TEXT_CHARS:]}"
+    assert lines[0]["prompt"].endswith("<|im_start|>assistant\n")  # the chat template, as the model read it
+    assert lines[0]["response"] == tok.decode(response) == "hi<|im_end|>"

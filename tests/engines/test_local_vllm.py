@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from seal import recipe as C
+from seal.engines.local import backend as B
 from seal.engines.local import engine as E
 from seal.engines.local import warm_start as W
 from seal.rollout.types import SamplingParams
@@ -65,7 +66,7 @@ def peaked(tmp_path_factory):
 def _probe(run: E.LocalRun, ids: list[int] | None = None) -> tuple[list[int], torch.Tensor, torch.Tensor]:
     """vLLM's greedy tokens after PROBE with their log-probs, and the actor's log-probs of `ids` (default: those
     tokens) from a full forward."""
-    gen = asyncio.run(run.generate(PROBE, SamplingParams(temperature=0.0, max_tokens=6)))
+    gen = asyncio.run(run.episodes.generate(PROBE, SamplingParams(temperature=0.0, max_tokens=6)))
     ids = ids if ids is not None else gen.token_ids
     with torch.no_grad():
         logits = run.model(torch.tensor([PROBE + ids])).logits[0, len(PROBE) - 1:-1].float()
@@ -85,7 +86,7 @@ def test_vllm_backend_samples_with_the_updated_weights(tmp_path, peaked, service
                                                       "actor.entropy_coeff=0.01", "trainer.save_freq=0"))
     run = E.setup(cfg, C.run_dir(cfg))
     try:
-        assert isinstance(run.vllm, E.ColocatedVLLM) and run.generate is run.vllm
+        assert isinstance(run.vllm, E.ColocatedVLLM) and run.episodes.generate is run.vllm
         ids0, vllm0, actor0 = _probe(run)
         assert (vllm0.exp() - actor0.exp()).abs().max() < 1e-3
         metrics = [E.training_step(run, step) for step in (1, 2)]
@@ -152,27 +153,27 @@ def test_auto_takes_hf_for_a_model_vllm_cannot_run(tmp_path):
     cpu = torch.device("cpu")
     cfg = C.load_config(REPO / "exp" / "tiny_cpu.yaml", [f"model.path={small}", "model.build_tiny=false",
                                                          "rollout.deterministic_generation=false"])
-    backend, why = E.choose_backend(cfg, small, cpu)
+    backend, why = B.choose_backend(cfg.rollout, small, cpu)
     assert backend == "hf" and "head_dim 16" in why
     vllm_cfg = C.load_config(REPO / "exp" / "tiny_cpu.yaml", [f"model.path={small}", "model.build_tiny=false",
                                                               "rollout.deterministic_generation=false",
                                                               "rollout.backend=vllm"])
     with pytest.raises(ValueError, match="head_dim 16"):
-        E.choose_backend(vllm_cfg, small, cpu)
+        B.choose_backend(vllm_cfg.rollout, small, cpu)
     # The README's recipe as it is: HF, one call at a time.
-    assert E.choose_backend(C.load_config(REPO / "exp" / "tiny_cpu.yaml"), small, cpu)[0] == "hf"
+    assert B.choose_backend(C.load_config(REPO / "exp" / "tiny_cpu.yaml").rollout, small, cpu)[0] == "hf"
     # A model vLLM runs: on CPU, vLLM exactly where it was measured faster.
     capable = build_tiny_qwen2(tmp_path / "tiny32", hidden=64, layers=1, heads=2, kv_heads=1)
-    faster = E.MEASURED_VLLM_SPEEDUP_CPU > 1.0
-    assert E.choose_backend(cfg, capable, cpu)[0] == ("vllm" if faster else "hf")
+    faster = B.MEASURED_VLLM_SPEEDUP_CPU > 1.0
+    assert B.choose_backend(cfg.rollout, capable, cpu)[0] == ("vllm" if faster else "hf")
     cuda_cfg = C.load_config(REPO / "exp" / "tiny_cpu.yaml", [f"model.path={capable}", "model.build_tiny=false",
                                                               "rollout.deterministic_generation=false",
                                                               "rollout.backend=vllm"])
     cuda = torch.device("cuda")
-    backend, why = E.choose_backend(cfg, capable, cuda)
+    backend, why = B.choose_backend(cfg.rollout, capable, cuda)
     assert backend == "hf" and "CPU build" in why  # this vLLM is the CPU build
     with pytest.raises(ValueError, match="CPU build"):
-        E.choose_backend(cuda_cfg, capable, cuda)
+        B.choose_backend(cuda_cfg.rollout, capable, cuda)
 
 
 def test_auto_takes_vllm_on_a_gpu_whenever_its_gpu_build_runs_the_model(monkeypatch, tmp_path):
@@ -181,13 +182,13 @@ def test_auto_takes_vllm_on_a_gpu_whenever_its_gpu_build_runs_the_model(monkeypa
     cfg = C.load_config(REPO / "exp" / "local_1gpu.yaml")
     cuda = torch.device("cuda")
     asked = []
-    monkeypatch.setattr(E, "vllm_cannot_run", lambda path, device_type: asked.append(device_type))
-    backend, why = E.choose_backend(cfg, tmp_path, cuda)
+    monkeypatch.setattr(B, "vllm_cannot_run", lambda path, device_type: asked.append(device_type))
+    backend, why = B.choose_backend(cfg.rollout, tmp_path, cuda)
     assert (backend, asked) == ("vllm", ["cuda"]) and "cuda build is installed" in why
-    monkeypatch.setattr(E, "vllm_cannot_run", lambda path, device_type: "vLLM is not installed")
-    assert E.choose_backend(cfg, tmp_path, cuda) == ("hf", "auto: vLLM is not installed")
+    monkeypatch.setattr(B, "vllm_cannot_run", lambda path, device_type: "vLLM is not installed")
+    assert B.choose_backend(cfg.rollout, tmp_path, cuda) == ("hf", "auto: vLLM is not installed")
     deterministic = C.load_config(REPO / "exp" / "local_1gpu.yaml", ["rollout.deterministic_generation=true"])
-    assert E.choose_backend(deterministic, tmp_path, cuda)[0] == "hf"
+    assert B.choose_backend(deterministic.rollout, tmp_path, cuda)[0] == "hf"
 
 
 def test_backend_rules_of_the_recipe():

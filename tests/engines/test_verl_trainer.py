@@ -24,6 +24,7 @@ from verl.utils.tensordict_utils import assign_non_tensor_data, list_of_dict_to_
 import seal.engines.verl.adapter as VA  # noqa: E402
 import seal.engines.verl.trainer as VT  # noqa: E402
 from seal.core.record import EpisodeRecord  # noqa: E402
+from seal.engines.batching import SKIPPED_UPDATE_KEYS, skipped_update_metrics  # noqa: E402
 from seal.engines.checkpoint_trust import MANIFEST_FILE, UntrustedCheckpoint  # noqa: E402
 from seal.engines.verl.agent_loop import FEED_KEY, EpisodeFeed, rollout_to_output  # noqa: E402
 from seal.engines.verl.config import TRAINER_MODE, to_verl_config  # noqa: E402
@@ -31,6 +32,7 @@ from seal.logging_utils import trim_metrics  # noqa: E402
 from seal.models.qwen25 import EOS_TOKEN_ID  # noqa: E402
 from seal.recipe import REPO_ROOT, load_config  # noqa: E402
 from seal.rollout.types import Rollout  # noqa: E402
+from seal.run_dir import TRANSCRIPT_FIELDS  # noqa: E402
 
 # Static A-Patch weights chosen for the hand computation (capability.enable=false -> no dynamics).
 WEIGHTS = {"pass": 1.0, "state_mismatch": 1.8, "empty_turn_model_response": 0.3, "response_mismatch": 2.5}
@@ -193,6 +195,8 @@ def test_advantage_step_grpo_then_apatch_hand_computed(model_dir, tmp_path, monk
     # the step's transcript sample: the first row of each task (verl's padding row is no episode)
     kept = [json.loads(line) for line in (tmp_path / "transcripts" / "step_1.jsonl").read_text().splitlines()]
     assert [(k["task_id"], k["reward"]) for k in kept] == [("multi_turn_base_1", 1.0), ("multi_turn_miss_func_2", 1.0)]
+    # one schema for both engines (the local engine's side: tests/engines/test_local_engine.py)
+    assert all(tuple(k) == TRANSCRIPT_FIELDS for k in kept)
     assert kept[0]["prompt"] and kept[0]["response"] and kept[0]["failure_tags"] == ["pass", "pass"]
     assert metrics["seal/excluded_rows"] == 2.0  # the excluded episode and verl's padding row
     assert metrics["train/num_rollouts"] == 6.0 and metrics["train/excluded"] == 1.0
@@ -224,6 +228,9 @@ def test_update_actor_is_skipped_without_a_learning_signal(model_dir, tmp_path, 
     assert trainer._update_actor(batch, metrics) is batch
     assert metrics["actor/update_skipped"] == float(skipped)
     assert calls == ([] if skipped else [batch])
+    if skipped:  # the one skip record of both engines (the local engine's: tests/engines/test_local_engine.py)
+        actor = {k: v for k, v in metrics.items() if k.startswith("actor/")}
+        assert actor == skipped_update_metrics() and set(actor) == set(SKIPPED_UPDATE_KEYS)
     # the decision belongs to one step: the next update without an advantage step runs verl's
     trainer._update_actor(batch, {})
     assert len(calls) == (1 if skipped else 2)

@@ -16,6 +16,7 @@ import pytest
 
 from env_service.tasks import TURN_END_REPLY, failing_twin_replies, ground_truth_replies, ground_truth_tool_calls
 from seal import recipe as C
+from seal.core.controller import initial_training_interface
 from seal.engines.data import load_tasks
 from seal.engines.local import engine as E
 from seal.engines.local import warm_start as W
@@ -52,12 +53,14 @@ def test_the_default_recipe_has_a_learning_signal(tmp_path, service_url, monkeyp
     assert cfg.model.warm_start.enable and cfg.model.warm_start.failing_twin  # the default
     assert cfg.rollout.deterministic_generation  # reproducible
     tasks = load_tasks(cfg.data.train_files, cfg.data.max_train_tasks, cfg.data.train_task_ids)
-    base = E.prepare_model_path(cfg)
+    base = Path(C.model_dir(cfg))
     tok = AutoTokenizer.from_pretrained(base)
 
     # Each task's replayed ground truth passes and its twin fails, graded, in the same context: they share the
     # prompt, and only the model's own tokens are targets.
-    episodes = W.warm_start_episodes(cfg, tok, tasks)
+    episodes = W.warm_start_episodes(tok, tasks, initial_training_interface(cfg.seal), cfg.env,
+                                     W.full_episode_limits(C.rollout_limits(cfg)), cfg.rollout.concurrency,
+                                     cfg.model.warm_start.failing_twin)
     gts = [r for r in episodes if r.accuracy == 1.0]
     twins = [r for r in episodes if r.accuracy == 0.0]
     assert [r.task_id for r in gts] == [r.task_id for r in twins] == list(cfg.data.train_task_ids)
@@ -76,8 +79,11 @@ def test_the_default_recipe_has_a_learning_signal(tmp_path, service_url, monkeyp
         assert 0.2 < info["prob"][task] < 0.8 and 0.2 < info["twin_prob"][task] < 0.8, info
     mtime = (warm / "model.safetensors").stat().st_mtime
     assert W.build_warm_start(cfg, base, tasks) == warm and (warm / "model.safetensors").stat().st_mtime == mtime
-    assert W.cache_key(_cfg(tmp_path, service_url, "model.warm_start.lr=0.02"), base, tasks) != info["key"]
-    assert W.cache_key(_cfg(tmp_path, service_url, "model.warm_start.failing_twin=false"), base, tasks) != info["key"]
+    for change in ("model.warm_start.lr=0.02", "model.warm_start.failing_twin=false"):
+        other = _cfg(tmp_path, service_url, change)
+        key = W.cache_key(base, tasks, other.model, other.seal.interface, C.rollout_limits(other), other.seed)
+        assert key != info["key"], change
+    assert W.cache_key(base, tasks, cfg.model, cfg.seal.interface, C.rollout_limits(cfg), cfg.seed) == info["key"]
     model = AutoModelForCausalLM.from_pretrained(warm)
     before = W.episode_probs(model, gts)
     assert before == pytest.approx(list(info["prob"].values()), rel=1e-4)

@@ -50,8 +50,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 
 from seal import recipe as C
+from seal.core.config import InterfaceConfig
 from seal.core.controller import initial_training_interface
 from seal.engines.data import Task
 from seal.rollout.client import EnvClient
@@ -69,7 +71,8 @@ def build_warm_start(cfg: C.Recipe, base_path: Path, tasks: Sequence[Task]) -> P
     """The warm-started model directory for `cfg` (built from `base_path` on `tasks`, or the cached one)."""
     ws = cfg.model.warm_start
     out = Path(ws.path)
-    key = cache_key(cfg, base_path, tasks)
+    limits = C.rollout_limits(cfg)
+    key = cache_key(base_path, tasks, cfg.model, cfg.seal.interface, limits, cfg.seed)
     info_file = out / INFO_FILE
     if (info_file.is_file() and (out / EPISODES_FILE).is_file()
             and json.loads(info_file.read_text()).get("key") == key):
@@ -80,7 +83,9 @@ def build_warm_start(cfg: C.Recipe, base_path: Path, tasks: Sequence[Task]) -> P
     t0 = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(str(base_path))
     model = AutoModelForCausalLM.from_pretrained(str(base_path), dtype=torch.float32)
-    rollouts = warm_start_episodes(cfg, tokenizer, tasks)
+    # Ω_0, as the first training step's episodes see it; no response cut: the whole episode is learnt
+    rollouts = warm_start_episodes(tokenizer, tasks, initial_training_interface(cfg.seal), cfg.env,
+                                   full_episode_limits(limits), cfg.rollout.concurrency, ws.failing_twin)
     log.info("warm start: supervised phase on %d episodes (%d ground truths, %d reply tokens)", len(rollouts),
              sum(r.accuracy == 1.0 for r in rollouts), sum(sum(r.response_mask) for r in rollouts))
     summary = supervised_phase(model, rollouts, steps=ws.max_steps, lr=ws.lr, target_prob=ws.target_prob,
@@ -97,13 +102,15 @@ def build_warm_start(cfg: C.Recipe, base_path: Path, tasks: Sequence[Task]) -> P
     return out
 
 
-def cache_key(cfg: C.Recipe, base_path: Path, tasks: Sequence[Task]) -> str:
-    """What the warm start depends on: the base model, the tasks, the knobs, the episode's limits and Ω_0."""
+def cache_key(base_path: Path, tasks: Sequence[Task], model: C.ModelConfig, interface: InterfaceConfig,
+              limits: RolloutLimits, seed: int) -> str:
+    """What the warm start depends on: the base model, the tasks, the knobs, the episode's limits and Ω_0's
+    settings (`seal.interface`). The same key as the whole recipe's sections gave, so cached models stay valid."""
     base_cfg = (base_path / "config.json").read_text() if (base_path / "config.json").is_file() else str(base_path)
-    parts = {"base": base_cfg, "tiny": C.to_container(cfg)["model"]["tiny"] if cfg.model.build_tiny else None,
-             "tasks": [t.task_id for t in tasks], "warm_start": C.to_container(cfg)["model"]["warm_start"],
-             "limits": repr(C.rollout_limits(cfg)), "interface": C.to_container(cfg)["seal"]["interface"],
-             "seed": cfg.seed}
+    model_dict = C.to_container(OmegaConf.structured(model))
+    parts = {"base": base_cfg, "tiny": model_dict["tiny"] if model.build_tiny else None,
+             "tasks": [t.task_id for t in tasks], "warm_start": model_dict["warm_start"],
+             "limits": repr(limits), "interface": C.to_container(OmegaConf.structured(interface)), "seed": seed}
     parts["warm_start"].pop("path", None)
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -145,32 +152,32 @@ class GroundTruthReplay:
         return Generation(list(ids), "stop" if ids[-1] == self.eos else "length")
 
 
-def full_episode_limits(cfg: C.Recipe) -> RolloutLimits:
+def full_episode_limits(limits: RolloutLimits) -> RolloutLimits:
     """The recipe's limits without the response cut: a success needs every reply, also those past the cut."""
-    limits = C.rollout_limits(cfg)
     return replace(limits, max_response_length=limits.max_model_len)  # the context limit still ends it
 
 
-def warm_start_episodes(cfg: C.Recipe, tokenizer: Any, tasks: Sequence[Task]) -> list[Rollout]:
-    """The episodes the warm start learns, as training plays them (mode train, Ω_0): each task's ground truth,
-    if it passes, and with `failing_twin` its twin, if that fails. Ground truths have accuracy 1, twins 0."""
-    omega = initial_training_interface(cfg.seal)  # Ω_0, as the first training step's episodes see it
+def warm_start_episodes(tokenizer: Any, tasks: Sequence[Task], omega: dict[str, Any] | None, env: C.EnvConfig,
+                        limits: RolloutLimits, concurrency: int, failing_twin: bool) -> list[Rollout]:
+    """The episodes the warm start learns, as training plays them (mode train, Ω_0 = `omega`, `limits`): each
+    task's ground truth, if it passes, and with `failing_twin` its twin, if that fails. Ground truths have
+    accuracy 1, twins 0."""
 
     async def play() -> tuple[list[tuple[str, str, list[str]]], list[Rollout]]:
-        async with EnvClient(list(cfg.env.urls), timeout=cfg.env.timeout_s, max_retries=cfg.env.max_retries) as c:
+        async with EnvClient(list(env.urls), timeout=env.timeout_s, max_retries=env.max_retries) as c:
             plays: list[tuple[str, str, list[str]]] = []  # (task id, "ground truth" | "twin", replies)
             for t in tasks:  # the service serves the replays (training tasks only)
                 replay = await c.replay(t.task_id)
                 plays.append((t.task_id, "ground truth", replay.ground_truth))
-                if cfg.model.warm_start.failing_twin and replay.failing_twin is not None:
+                if failing_twin and replay.failing_twin is not None:
                     plays.append((t.task_id, "twin", replay.failing_twin))
             requests = [EpisodeRequest(task_id, "train", omega, SamplingParams(temperature=1.0, seed=i))
                         for i, (task_id, _, _) in enumerate(plays)]
             return plays, await run_batch(c, GroundTruthReplay(tokenizer, [p[2] for p in plays]), tokenizer,
-                                          requests, limits=full_episode_limits(cfg),
-                                          concurrency=cfg.rollout.concurrency, max_restarts=cfg.env.max_restarts)
+                                          requests, limits=limits, concurrency=concurrency,
+                                          max_restarts=env.max_restarts)
 
-    plays, rollouts = asyncio.run(play())  # (limits without the response cut: the whole episode is learnt)
+    plays, rollouts = asyncio.run(play())
     passing = {r.task_id for r, (_, kind, _) in zip(rollouts, plays, strict=True)
                if kind == "ground truth" and not r.excluded and r.accuracy == 1.0 and sum(r.response_mask)}
     kept = []

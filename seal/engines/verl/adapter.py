@@ -135,7 +135,7 @@ from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path  # no
 from verl.workers.utils.padding import response_to_nested  # noqa: E402
 
 from seal.core.record import EpisodeRecord, object_array  # noqa: E402
-from seal.engines.batching import no_learning_signal  # noqa: E402
+from seal.engines.batching import no_learning_signal, skipped_update_metrics  # noqa: E402
 from seal.engines.checkpoint_trust import TRUST_KNOB, check_checkpoint, write_manifest  # noqa: E402
 from seal.engines.verl.agent_loop import FEED_KEY  # noqa: E402
 from seal.logging_utils import append_metrics, metrics_row, trim_metrics  # noqa: E402
@@ -423,7 +423,7 @@ class TrainerAdapter(PPOTrainerSync):
         # verl runs next hands vLLM the same weights.
         log.info("step %s: every advantage is zero (no task group has a reward spread): actor update skipped",
                  getattr(self, "global_steps", "?"))
-        metrics.update({"actor/update_skipped": 1.0, "actor/pg_loss": 0.0, "actor/grad_norm": 0.0})
+        metrics.update(skipped_update_metrics())
         return batch
 
     def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, sample_turns,

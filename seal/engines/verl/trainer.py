@@ -34,7 +34,7 @@ from seal.engines.verl.adapter import TrainerAdapter
 from seal.engines.verl.agent_loop import EpisodeFeed
 from seal.engines.verl.config import TRAINER_MODE
 from seal.rollout.episode import check_infra_loss
-from seal.run_dir import Checkpoints, RunDir, best_record, cut_text, improves, write_transcripts
+from seal.run_dir import Checkpoints, RunDir, best_record, improves, transcript_entry, write_transcripts
 
 log = logging.getLogger(__name__)
 # verl's convention (its modules do the same): INFO by default inside Ray workers, whose root logger verl sets
@@ -158,10 +158,7 @@ class SealTrainer(TrainerAdapter):
 
             self.transcript_tokenizer = AutoTokenizer.from_pretrained(str(self.config.actor_rollout_ref.model.path))
         tokenizer = self.transcript_tokenizer
-        entries = [{"task_id": r.task_id, "category": r.category, "reward": r.reward, "accuracy": r.accuracy,
-                    "failure_tags": list(r.failure_tags), "excluded": r.excluded,
-                    "prompt": cut_text(tokenizer.decode(prompt), keep_end=True),
-                    "response": cut_text(tokenizer.decode(response))}
+        entries = [transcript_entry(r, tokenizer, prompt, response)
                    for r, (prompt, response) in zip(records, tokens, strict=True)]
         write_transcripts(self.run.transcripts_file(self.global_steps), entries)
 
