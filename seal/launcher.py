@@ -159,10 +159,40 @@ def _raise_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)  # unwinds through the finally blocks that stop the service
 
 
+def dry_run(cfg: Recipe, verl_overrides: list[str]) -> int:
+    """`--dry-run`: the composed recipe, and for the verl engine the verl config it resolves to; starts nothing."""
+    from seal.recipe import run_dir, to_yaml
+
+    print(to_yaml(cfg), end="")
+    if cfg.engine != "verl":
+        return 0
+    from omegaconf import OmegaConf
+
+    from seal.engines.data import wants_subset
+    from seal.engines.verl.config import to_verl_config
+    from seal.run_dir import RunDir
+
+    try:
+        verl_cfg = to_verl_config(cfg, run_dir(cfg), verl_overrides)
+    except KeyError as exc:
+        print(f"launcher: {exc.args[0]}", file=sys.stderr)
+        return 2
+    print("# ---- the resolved verl config (seal.engines.verl.config.to_verl_config) ----")
+    run = RunDir(Path(run_dir(cfg)).resolve())
+    d = cfg.data
+    splits = (("train", d.max_train_tasks, d.train_task_ids), ("val", d.max_val_tasks, d.val_task_ids))
+    for split, n, ids in splits:
+        if wants_subset(n, ids):
+            print(f"# data.{split}_files: the run writes its task subset to {run.subset_file(split)} "
+                  "and verl reads that file")
+    print(OmegaConf.to_yaml(verl_cfg), end="")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from seal.logging_utils import setup_console_logging
-    from seal.recipe import ConfigError, load_config, model_dir, run_dir, save_config, to_yaml, with_input_paths
+    from seal.recipe import ConfigError, load_config, model_dir, run_dir, save_config, with_input_paths
     from seal.run_dir import RunDir
 
     setup_console_logging(args.log_level)
@@ -181,30 +211,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     if args.dry_run:
-        print(to_yaml(cfg), end="")
-        if cfg.engine == "verl":
-            from omegaconf import OmegaConf
-
-            from seal.engines.verl.config import to_verl_config
-
-            try:
-                verl_cfg = to_verl_config(cfg, run_dir(cfg), verl_overrides)
-            except KeyError as exc:
-                print(f"launcher: {exc.args[0]}", file=sys.stderr)
-                return 2
-            print("# ---- the resolved verl config (seal.engines.verl.config.to_verl_config) ----")
-            from seal.engines.data import wants_subset
-            from seal.run_dir import RunDir
-
-            run = RunDir(Path(run_dir(cfg)).resolve())
-            d = cfg.data
-            splits = (("train", d.max_train_tasks, d.train_task_ids), ("val", d.max_val_tasks, d.val_task_ids))
-            for split, n, ids in splits:
-                if wants_subset(n, ids):
-                    print(f"# data.{split}_files: the run writes its task subset to {run.subset_file(split)} "
-                          "and verl reads that file")
-            print(OmegaConf.to_yaml(verl_cfg), end="")
-        return 0
+        return dry_run(cfg, verl_overrides)
     from seal.rollout.client import export_token
 
     export_token(cfg.env.token_env)  # the started service and every client read $SEAL_ENV_TOKEN

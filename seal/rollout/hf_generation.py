@@ -169,6 +169,39 @@ class _BatchLayer(DynamicLayer):
         self._view(self.filled)
 
 
+def _prefill(model: Any, prompts: Sequence[Sequence[int]], device: torch.device, capacity: int,
+             cache_dtype: torch.dtype | None) -> tuple[Cache, torch.Tensor]:
+    """The batch's KV cache ([rows, heads, capacity, head_dim] a layer, prompts right-aligned at the longest
+    prompt's length) and each row's next-token logits [rows, vocab], float32.
+
+    Prefill row by row: a long prompt fills the device alone, and with no padding each prompt's KV cache and
+    first logits are exactly those of a call alone; each row's cache is then copied, left-padded, into the
+    batch's."""
+    bsz, width = len(prompts), max(len(p) for p in prompts)
+    buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
+    first = []
+    for i, p in enumerate(prompts):
+        row = DynamicCache(config=model.config)
+        ids = torch.as_tensor([list(p)], dtype=torch.long, device=device)
+        out = model(input_ids=ids, past_key_values=row, use_cache=True, logits_to_keep=1)
+        first.append(out.logits[:, -1, :].float())
+        if not buffers:
+            kinds = {type(layer).__name__ for layer in row.layers if type(layer) is not DynamicLayer}
+            if kinds:
+                raise ValueError(f"batched HF generation keeps every position of every layer; this model's "
+                                 f"cache has {sorted(kinds)} layers")
+            buffers = [(layer.keys.new_zeros((bsz, layer.keys.shape[1], capacity, layer.keys.shape[3]),
+                                             dtype=cache_dtype or layer.keys.dtype),
+                        layer.values.new_zeros((bsz, layer.values.shape[1], capacity, layer.values.shape[3]),
+                                               dtype=cache_dtype or layer.values.dtype))
+                       for layer in row.layers]
+        for (keys, values), layer in zip(buffers, row.layers, strict=True):
+            keys[i, :, width - len(p):width] = layer.keys[0]
+            values[i, :, width - len(p):width] = layer.values[0]
+        del row, out
+    return Cache(layers=[_BatchLayer(keys, values, width) for keys, values in buffers]), torch.cat(first)
+
+
 def generate_batch(model: Any, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams],
                    stop_ids: Sequence[int], device: torch.device, autocast_dtype: torch.dtype | None = None
                    ) -> list[Generation]:
@@ -199,39 +232,13 @@ def generate_batch(model: Any, prompts: Sequence[Sequence[int]], params: Sequenc
     finish: list[str] = ["length"] * bsz
     live = list(range(bsz))  # batch row -> request index
     with torch.no_grad(), autocast_context(device, autocast_dtype):
-        # Prefill row by row (a long prompt fills the device alone; no padding, so each prompt's KV cache
-        # and first logits are exactly those of a call alone), each copied, left-padded, into the batch's cache.
-        buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
-        first = []
-        for i, p in enumerate(prompts):
-            row = DynamicCache(config=model.config)
-            ids = torch.as_tensor([list(p)], dtype=torch.long, device=device)
-            out = model(input_ids=ids, past_key_values=row, use_cache=True, logits_to_keep=1)
-            first.append(out.logits[:, -1, :].float())
-            if not buffers:
-                kinds = {type(layer).__name__ for layer in row.layers if type(layer) is not DynamicLayer}
-                if kinds:
-                    raise ValueError(f"batched HF generation keeps every position of every layer; this model's "
-                                     f"cache has {sorted(kinds)} layers")
-                buffers = [(layer.keys.new_zeros((bsz, layer.keys.shape[1], capacity, layer.keys.shape[3]),
-                                                 dtype=cache_dtype or layer.keys.dtype),
-                            layer.values.new_zeros((bsz, layer.values.shape[1], capacity, layer.values.shape[3]),
-                                                   dtype=cache_dtype or layer.values.dtype))
-                           for layer in row.layers]
-            for (keys, values), layer in zip(buffers, row.layers, strict=True):
-                keys[i, :, width - len(p):width] = layer.keys[0]
-                values[i, :, width - len(p):width] = layer.values[0]
-            del row, out
-        cache = Cache(layers=[_BatchLayer(keys, values, width) for keys, values in buffers])
-        del buffers
+        cache, logits = _prefill(model, prompts, device, capacity, cache_dtype)
         # 1 where a position holds a token: the prompts right-aligned at `width`, then each position once written
         attn = torch.zeros((bsz, capacity), dtype=torch.long, device=device)
         for i, p in enumerate(prompts):
             attn[i, width - len(p):width] = 1
         filled = width
         next_pos = torch.as_tensor([[len(p)] for p in prompts], dtype=torch.long, device=device)
-        logits = torch.cat(first)
-        del first
         while True:
             step_tokens, step_logps = _sample(logits, [params[r] for r in live], [gens[r] for r in live])
             keep = []
