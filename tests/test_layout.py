@@ -8,6 +8,10 @@
   under `if TYPE_CHECKING:` — because a type-only cycle still couples two modules.
 * At most 8 modules at `seal/`'s top level (the rest lives in packages named for their concepts).
 * No `sys.path` edits outside the tests: scripts and entry points rely on the installed package.
+* Sizes: no function over 80 lines (a literal table listed in `TABLE_FUNCTIONS` may be longer, and the check
+  makes sure it is one); no module over 800 lines, none in `seal/engines/` over 450; the local engine's
+  `ppo_update` at most 60 lines, and at most 6 of the local engine's functions take the whole recipe or a
+  `LocalRun` (the others take the sub-config they use).
 """
 
 from __future__ import annotations
@@ -224,3 +228,83 @@ def test_the_core_takes_only_the_typed_episode_record():
         if name != "record_columns" and "check_records" not in calls:
             problems.append(f"{rel}: {name} does not refuse other types (check_records)")
     assert problems == [], "core entry points must take EpisodeRecords only:\n" + "\n".join(problems)
+
+
+# --------------------------------------------------------------------------- sizes
+MAX_FUNCTION_LINES = 80
+MAX_MODULE_LINES = 800
+MAX_ENGINE_MODULE_LINES = 450  # seal/engines/: the trainers are read most by newcomers and by upgrades
+# Functions allowed past MAX_FUNCTION_LINES because they are literal tables (checked: a docstring, then one
+# `return` of a dict/list/tuple literal, or assignments of such literals). Empty while none is that long.
+TABLE_FUNCTIONS: set[str] = set()
+LOCAL_ENGINE = REPO / "seal" / "engines" / "local"
+WHOLE_RECIPE_TYPES = ("Recipe", "LocalRun")
+
+
+def _all_functions() -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+    """Every function and method (nested ones too) of the project's modules, as "path:qualified.name"."""
+    out = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                out[f"{prefix}{child.name}"] = child
+                visit(child, f"{prefix}{child.name}.")
+            elif isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.")
+
+    for path in project_modules().values():
+        visit(ast.parse(path.read_text(encoding="utf-8")), f"{path.relative_to(REPO)}:")
+    return out
+
+
+def _lines(node: ast.AST) -> int:
+    return node.end_lineno - node.lineno + 1
+
+
+def is_literal_table(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """A docstring, then only a `return` of a literal container or assignments of literal containers (their
+    elements may be any expression: the table's rows)."""
+    body = fn.body[1:] if fn.body and isinstance(fn.body[0], ast.Expr) and isinstance(fn.body[0].value,
+                                                                                       ast.Constant) else fn.body
+    literal = (ast.Dict, ast.List, ast.Tuple, ast.Set)
+    return bool(body) and all(
+        (isinstance(stmt, ast.Return) and isinstance(stmt.value, literal))
+        or (isinstance(stmt, (ast.Assign, ast.AnnAssign)) and isinstance(stmt.value, literal))
+        for stmt in body)
+
+
+def test_no_function_is_longer_than_a_screen():
+    functions = _all_functions()
+    long = {name: _lines(fn) for name, fn in functions.items()
+            if _lines(fn) > MAX_FUNCTION_LINES and name not in TABLE_FUNCTIONS}
+    assert long == {}, f"functions over {MAX_FUNCTION_LINES} lines (split them by job, or make a table): {long}"
+    not_tables = sorted(name for name in TABLE_FUNCTIONS if name not in functions or not is_literal_table(
+        functions[name]))
+    assert not_tables == [], f"TABLE_FUNCTIONS holds what is not a literal table (or is gone): {not_tables}"
+
+
+def test_module_sizes():
+    sizes = {str(p.relative_to(REPO)): len(p.read_text(encoding="utf-8").splitlines())
+             for p in project_modules().values()}
+    big = {m: n for m, n in sizes.items() if n > MAX_MODULE_LINES}
+    assert big == {}, f"modules over {MAX_MODULE_LINES} lines: {big}"
+    engines = {m: n for m, n in sizes.items() if m.startswith("seal/engines/") and n > MAX_ENGINE_MODULE_LINES}
+    assert engines == {}, f"engine modules over {MAX_ENGINE_MODULE_LINES} lines: {engines}"
+
+
+def test_the_local_engine_update_is_short_and_functions_take_their_sub_config():
+    functions = {name: fn for name, fn in _all_functions().items() if name.startswith("seal/engines/local/")}
+    update = [fn for name, fn in functions.items() if name.endswith(":ppo_update")]
+    assert len(update) == 1 and _lines(update[0]) <= 60, [_lines(fn) for fn in update]
+    whole = sorted(name for name, fn in functions.items()
+                   if any(a.annotation is not None and any(t in ast.unparse(a.annotation) for t in WHOLE_RECIPE_TYPES)
+                          for a in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]))
+    assert len(whole) <= 6, f"{len(whole)} local-engine functions take the whole recipe or a LocalRun: {whole}"
+
+
+def test_the_size_checks_see_tables_and_long_functions():
+    table = ast.parse('def t():\n    """rows"""\n    return {"a": (1, 2),\n            "b": f(3)}\n').body[0]
+    code = ast.parse("def f(x):\n    y = [x]\n    return y\n").body[0]
+    assert is_literal_table(table) and not is_literal_table(code)
+    assert _lines(table) == 4
