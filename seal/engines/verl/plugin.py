@@ -15,9 +15,9 @@ continues. If a package is already imported when the plugin loads, registration 
 Failures are logged as warnings (verl swallows plugin exceptions at debug level).
 
 With `SEAL_VERL_DEVICE=cpu` (set for every Ray process of a `trainer.device: cpu` run) it also installs
-`seal.engines.verl.adapter.install_cpu_patches` at once: that path imports verl's packages, which is why
-it is not the default; and it hooks `CPU_HOOKS` (the adapter's vLLM weight-sync patch, run once verl's vLLM
-utilities are imported, in vLLM's engine process too).
+`seal.engines.verl.cpu_patches.install_cpu_patches` at once: that path imports verl's packages, which is why
+it is not the default; and it hooks `CPU_HOOKS` (the vLLM weight-sync patch of `cpu_patches`, run once verl's
+vLLM utilities are imported, in vLLM's engine process too).
 """
 
 from __future__ import annotations
@@ -98,24 +98,26 @@ _FINDER = _PostImportFinder()
 DEVICE_ENV = "SEAL_VERL_DEVICE"  # "cpu": this process runs verl's GPU workers on CPU (exp/tiny_verl_cpu.yaml)
 
 
-# CPU path only: verl module -> the adapter function that patches it once it is imported (it imports vLLM,
-# which most verl processes never load).
+# CPU path only: verl module -> the `cpu_patches` function that patches it once it is imported (it imports
+# vLLM, which most verl processes never load).
+CPU_PATCHES = "seal.engines.verl.cpu_patches"
 CPU_HOOKS: dict[str, str] = {
     "verl.workers.rollout.vllm_rollout.utils": "patch_vllm_weight_sync",
 }
 
 
 def install_cpu_path() -> None:
-    """On the CPU path only: our trainer module first (it pulls in the adapter without an import cycle),
-    then the adapter's CPU patches, before any verl worker asks for its device; `CPU_HOOKS` join `HOOKS`."""
+    """On the CPU path only: our trainer module first (it pulls in the adapter, which `cpu_patches` imports,
+    without an import cycle), then the CPU patches, before any verl worker asks for its device; `CPU_HOOKS`
+    join `HOOKS`."""
     try:
         importlib.import_module("seal.engines.verl.trainer")
-        importlib.import_module("seal.engines.verl.adapter").install_cpu_patches()
+        importlib.import_module(CPU_PATCHES).install_cpu_patches()
     except Exception as exc:
         log.warning("seal verl plugin: the CPU patches failed: %r", exc)
         return
     for target, function in CPU_HOOKS.items():
-        HOOKS[target] = f"seal.engines.verl.adapter:{function}"
+        HOOKS[target] = f"{CPU_PATCHES}:{function}"
     install()
 
 

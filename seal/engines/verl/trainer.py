@@ -61,7 +61,6 @@ class SealTrainer(TrainerAdapter):
         self.controller = SealController(self.recipe.seal)
         self.best: dict[str, Any] | None = None
         self.last_validation: dict[str, float] = {}
-        self.transcript_tokenizer: Any = None  # loaded on the first step's transcripts (`keep_transcripts`)
         episodes = probe_episodes(str(config.actor_rollout_ref.model.path))  # a warm-started model's, else None
         self.probe = WeightProbe(episodes) if episodes else None
 
@@ -152,12 +151,9 @@ class SealTrainer(TrainerAdapter):
 
     def keep_transcripts(self, records: list[EpisodeRecord], tokens: list[tuple[list[int], list[int]]]) -> None:
         """`<run>/transcripts/step_<N>.jsonl`: the kept episodes as the model saw them, decoded with its
-        tokenizer (chat template and special tokens included): the prompt's end, the response's start."""
-        if self.transcript_tokenizer is None:
-            from transformers import AutoTokenizer
-
-            self.transcript_tokenizer = AutoTokenizer.from_pretrained(str(self.config.actor_rollout_ref.model.path))
-        tokenizer = self.transcript_tokenizer
+        tokenizer (chat template and special tokens included): the prompt's end, the response's start.
+        The tokenizer is verl's (`self.tokenizer`, loaded by `PPOTrainer.init`): one per run."""
+        tokenizer = self.tokenizer
         entries = [transcript_entry(r, tokenizer, prompt, response)
                    for r, (prompt, response) in zip(records, tokens, strict=True)]
         write_transcripts(self.run.transcripts_file(self.global_steps), entries)
