@@ -298,8 +298,8 @@ def cpu_overrides(cfg: C.Recipe) -> dict[str, Any]:
         # Prefill in chunks of 2048 tokens (verl's default 8192): an engine step's logits are [tokens, vocab] in
         # float32, and a request for prompt log-probs (the weight probe) keeps them all, with their log-softmax.
         # With 8192 the vLLM worker of exp/tiny_verl_learn.yaml (Qwen2.5's 152k vocabulary) was at 5.9 GB RSS
-        # when the OOM killer ended it, during the probe, on a loaded 24 GB machine; docs/verl_engine.md has
-        # the peak measured with 2048.
+        # when the OOM killer ended it, during the probe, on a loaded 24 GB machine; at 2048 a chunk's logits and
+        # log-softmax are 2.5 GB (docs/verl_engine.md has the peaks measured).
         "actor_rollout_ref.rollout.max_num_batched_tokens": CPU_PREFILL_CHUNK_TOKENS,
         # FSDP2: verl's FSDP1 path asks for a CUDA device id.
         "actor_rollout_ref.actor.strategy": "fsdp2",
