@@ -32,9 +32,10 @@ def _shm() -> set[str]:
 
 
 def learn_model_cache(tmp_path_factory) -> Path:
-    """One model cache per test session for the warm-started vLLM-capable tiny model: the local engine's learning
-    test and the verl one (tests/engines/test_verl_learn.py) build the same warm start (same inputs, same cache
-    key), so whichever runs second loads it."""
+    """One model cache per test session (per pytest-xdist worker) for the warm-started vLLM-capable tiny model:
+    the local engine's learning test and the verl one (tests/engines/test_verl_learn.py) build the same warm
+    start (same inputs, same cache key), so on one worker whichever runs second loads it; in CI they run on
+    different workers and each builds it."""
     path = tmp_path_factory.getbasetemp() / "learn_models"
     path.mkdir(exist_ok=True)
     return path
