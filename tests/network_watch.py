@@ -10,11 +10,10 @@ inherit, such as the run's ``BFCL_PROJECT_ROOT``). After the block, ``listeners`
 from __future__ import annotations
 
 import ipaddress
-import threading
 
 import psutil
 
-from seal.engines.verl.cleanup import run_processes
+from seal.engines.verl.cleanup import RunSampler, run_processes
 
 
 def marked_pids(marker: str, env_key: str) -> set[int]:
@@ -45,12 +44,12 @@ def listeners(pids: set[int]) -> set[tuple[str, int, str]]:
     return out
 
 
-class ListenerWatch:
+class ListenerWatch(RunSampler):
+    """The run's listening sockets, sampled while the block runs (the engine's `RunSampler`)."""
+
     def __init__(self, marker: str, env_key: str, interval: float = 1.0) -> None:
-        self.marker, self.env_key, self.interval = marker, env_key, interval
+        super().__init__(marker, interval, env_key)
         self.listeners: set[tuple[str, int, str]] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
     @property
     def exposed(self) -> set[tuple[str, int, str]]:
@@ -58,15 +57,3 @@ class ListenerWatch:
 
     def sample(self) -> None:
         self.listeners |= listeners(marked_pids(self.marker, self.env_key))
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.sample()
-
-    def __enter__(self) -> ListenerWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()

@@ -24,6 +24,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Self
 
 import psutil
 
@@ -111,26 +112,27 @@ def mapped_shm_names(exclude_pid: int | None = None) -> set[str]:
     return names
 
 
-class RunSegments:
-    """The /dev/shm names the run's processes (those carrying `marker`) have mapped or held open, sampled every
-    `interval_s` seconds on a daemon thread while the context is open, and once more at its end. A segment
-    created and orphaned between two samples is missed (left in /dev/shm, never wrongly removed)."""
+class RunSampler:
+    """Calls `sample()` every `interval_s` seconds on a daemon thread while the context is open, and once more
+    at its end: a reading of the run's processes (those whose environment has `env_key` = `marker`) that must
+    cover the whole run, not only its end. Subclasses define `sample`."""
 
-    def __init__(self, marker: str, interval_s: float = SHM_SAMPLE_S, env_key: str = RUN_MARKER_ENV) -> None:
+    def __init__(self, marker: str, interval_s: float, env_key: str = RUN_MARKER_ENV) -> None:
         self.marker, self.interval_s, self.env_key = marker, interval_s, env_key
-        self.seen: set[str] = set()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="seal-run-segments", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=type(self).__name__, daemon=True)
 
     def sample(self) -> None:
-        for proc in run_processes(self.marker, env_key=self.env_key):
-            self.seen |= _shm_names_of(proc)
+        raise NotImplementedError
+
+    def processes(self) -> list[psutil.Process]:
+        return run_processes(self.marker, env_key=self.env_key)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
             self.sample()
 
-    def __enter__(self) -> RunSegments:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
@@ -138,6 +140,20 @@ class RunSegments:
         self._stop.set()
         self._thread.join()
         self.sample()
+
+
+class RunSegments(RunSampler):
+    """The /dev/shm names the run's processes have mapped or held open, sampled while the context is open
+    (`RunSampler`). A segment created and orphaned between two samples is missed (left in /dev/shm, never
+    wrongly removed)."""
+
+    def __init__(self, marker: str, interval_s: float = SHM_SAMPLE_S, env_key: str = RUN_MARKER_ENV) -> None:
+        super().__init__(marker, interval_s, env_key)
+        self.seen: set[str] = set()
+
+    def sample(self) -> None:
+        for proc in self.processes():
+            self.seen |= _shm_names_of(proc)
 
 
 def remove_orphaned_shm(owned: set[str], settle_s: float = SHM_SETTLE_S) -> list[str]:
