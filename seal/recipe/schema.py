@@ -279,6 +279,9 @@ class TrainerConfig:
     val_before_train: bool = knob(True, source="paper", help="validate before the first step")
     save_freq: int = knob(10, source="ours", ge=0,
                           help="checkpoint every N steps; the last step is always saved (release: 0 + best only)")
+    keep_full_checkpoints: int = knob(2, source="ours", ge=1,
+                                      help="full saves (FSDP shards + optimizer + HF export) kept: the newest N and "
+                                           "the best; older saves keep only their HF export (7B: ~110 GB a full save)")
     best_metric: str = knob("val/accuracy/average", source="ours",
                             help="metric that picks the best checkpoint (release: val/accuracy/multi_turn_base)")
     n_gpus_per_node: int = knob(4, source="paper", ge=1, help="GPUs per node")
