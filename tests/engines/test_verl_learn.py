@@ -96,19 +96,103 @@ def test_weight_probe_reads_reply_probabilities_and_their_change():
     episodes = [{"task_id": "a", "kind": "ground_truth", "token_ids": [5, 6, 7, 8], "reply_positions": [2, 3]},
                 {"task_id": "a", "kind": "twin", "token_ids": [5, 6, 9], "reply_positions": [2]}]
     table = {(5, 6, 7, 8): [-9.0, -0.5, -0.25], (5, 6, 9): [-9.0, -1.0]}  # log-probs of tokens 1..n-1
+    replica_1 = dict(table)  # the second replica holds the same weights
+
+    def both(ids):
+        return [table[tuple(ids)], replica_1[tuple(ids)]]
+
     probe = WeightProbe(episodes)
-    start = probe.measure(lambda ids: table[tuple(ids)])
+    start = probe.measure(both)
     assert start["probe/start/p_ground_truth/a"] == pytest.approx(2.718281828 ** -0.75)
     assert start["probe/start/p_twin/a"] == pytest.approx(2.718281828 ** -1.0)
     assert start["probe/start/logprob"] == pytest.approx(-1.75)
+    assert start["probe/start/replicas"] == 2 and start["probe/start/replica_max_diff"] == 0.0
     assert not any(k.startswith("probe/") and not k.startswith("probe/start/") for k in start)
-    same = probe.measure(lambda ids: table[tuple(ids)])
+    same = probe.measure(both)
     assert same["probe/logprob_change"] == 0.0 and same["probe/max_token_change"] == 0.0
+    assert same["probe/replica_0/max_token_change"] == same["probe/replica_1/max_token_change"] == 0.0
     table[(5, 6, 7, 8)] = [-8.0, -0.25, -0.25]  # a prompt token's change counts too, not only the replies'
-    moved = probe.measure(lambda ids: table[tuple(ids)])
+    moved = probe.measure(both)  # replica 1 missed the sync: its probe did not change, and the replicas differ
     assert moved["probe/logprob_change"] == pytest.approx(0.25)
-    assert moved["probe/max_token_change"] == pytest.approx(1.0)
+    assert moved["probe/max_token_change"] == moved["probe/replica_0/max_token_change"] == pytest.approx(1.0)
+    assert moved["probe/replica_1/max_token_change"] == 0.0
+    assert moved["probe/replica_max_diff"] == pytest.approx(1.0)
     assert moved["probe/p_ground_truth/mean"] == pytest.approx(2.718281828 ** -0.5)
+    with pytest.raises(RuntimeError, match="1 replicas, 2 at the sync before"):
+        probe.measure(lambda ids: [table[tuple(ids)]])
+
+
+def test_served_requests_are_read_from_each_vllm_server_counter():
+    """`rollout/server_requests/replica_<r>`: vLLM's own finished-request counter of each replica, read over HTTP
+    from a real server speaking Prometheus' text format (summed over finish reasons), as a difference between two
+    readings; a server without the counter is an error naming it, never a 0."""
+    from http.server import BaseHTTPRequestHandler
+
+    from seal.engines.verl.trainer import ServedRequests, server_request_count
+    from tests.helpers import BackgroundHTTPServer
+
+    body = {"n": 3.0}
+
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self):
+            text = ("# HELP vllm:request_success_total Count of successfully processed requests.\n"
+                    "# TYPE vllm:request_success_total counter\n"
+                    f'vllm:request_success_total{{engine="0",finished_reason="stop"}} {body["n"]}\n'
+                    'vllm:request_success_total{engine="0",finished_reason="length"} 2.0\n'
+                    'vllm:request_success_created{engine="0",finished_reason="stop"} 1.7e9\n').encode()
+            if self.path != "/metrics":
+                text = b"no"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(text)))
+            self.end_headers()
+            self.wfile.write(text)
+
+        def log_message(self, *args):
+            pass
+
+    with BackgroundHTTPServer(Metrics) as server:
+        address = server.address.removeprefix("http://")
+        assert server_request_count(address) == 5.0
+        served = ServedRequests()
+        assert served.since_last([5.0, 7.0]) == {"rollout/server_requests/replica_0": 5.0,
+                                                  "rollout/server_requests/replica_1": 7.0}
+        served.reset([6.0, 7.0])
+        body["n"] = 10.0
+        assert served.since_last([server_request_count(address), 9.0]) == {
+            "rollout/server_requests/replica_0": 6.0, "rollout/server_requests/replica_1": 2.0}
+        with pytest.raises(RuntimeError, match="2 did before"):
+            served.since_last([1.0])
+
+    class Empty(Metrics):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    with BackgroundHTTPServer(Empty) as server:
+        with pytest.raises(RuntimeError, match="no vllm:request_success_total"):
+            server_request_count(server.address.removeprefix("http://"))
+
+
+def test_node_settings_split_the_cores_and_keep_the_process_group_on_loopback(monkeypatch):
+    from seal import recipe as C
+    from seal.engines.verl.launch import node_env_vars
+
+    for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    two = node_env_vars(C.load_config(REPO / "exp" / "tiny_verl_learn.yaml"))
+    assert two == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "2",
+                   "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    one = node_env_vars(C.load_config(REPO / "exp" / "tiny_verl_learn.yaml", ["trainer.n_gpus_per_node=1"]))
+    assert one["OMP_NUM_THREADS"] == "4"
+    gpu = node_env_vars(C.load_config(REPO / "exp" / "SEAL.yaml"))
+    assert gpu == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}  # no CPU settings on a GPU run
+    assert "GLOO_SOCKET_IFNAME" not in node_env_vars(C.load_config(REPO / "exp" / "SEAL.yaml", ["trainer.nnodes=2"]))
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "ib0")  # the user's choice wins
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    mine = node_env_vars(C.load_config(REPO / "exp" / "tiny_verl_learn.yaml"))
+    assert mine["NCCL_SOCKET_IFNAME"] == "ib0" and mine["OMP_NUM_THREADS"] == "1"
 
 
 def test_the_learning_recipe_and_its_knobs():

@@ -43,9 +43,9 @@ what                       where in verl 0.9.1  ->  why
 `on_step_end` +            after every step's update)  -> the `weights_synced` hook runs right after each sync;
 `_pending_sync_metrics`    what it returns joins the step's metrics through verl's slot for weight-sync metrics
 `llm_server_manager.`      the trainer's Ray handles of verl's vLLM server replicas  -> `rollout_prompt_logprobs`
-`server_handles` +         asks replica 0 for the prompt log-probs of a token sequence (a forward pass,
+`server_handles` +         asks every replica for the prompt log-probs of a token sequence (a forward pass,
 `generate(prompt_logprobs)` `max_tokens` 1; verl's own teacher-distillation request), i.e. from the weights that
-                           serve the rollouts
+`server_addresses`         serve the rollouts; `rollout_server_addresses`: each replica's HTTP endpoint
 `tokenizer` (attribute)    `PPOTrainer._setup` loads it from `actor_rollout_ref.model` before the first step
                            -> `SealTrainer.keep_transcripts` decodes with it: one tokenizer per run
 
@@ -266,19 +266,24 @@ class TrainerAdapter(PPOTrainerSync):
         Default: none."""
         return {}
 
-    def rollout_prompt_logprobs(self, token_ids: Sequence[int]) -> list[float]:
-        """Log-probs of `token_ids[1:]`, each given the tokens before it, computed by the first vLLM server
-        replica that serves the rollouts, with the weights it holds now (raw log-probs: no temperature)."""
+    def rollout_prompt_logprobs(self, token_ids: Sequence[int]) -> list[list[float]]:
+        """Log-probs of `token_ids[1:]`, each given the tokens before it, computed by every vLLM server replica that
+        serves the rollouts (one list per replica, in the manager's order), with the weights each holds now (raw
+        log-probs: no temperature). The replicas are asked at once and answer in parallel."""
         import uuid
 
         import ray
 
         ids = [int(t) for t in token_ids]
-        handle = self.llm_server_manager.server_handles[0]
         params = {"max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0, "detokenize": False}
-        out = ray.get(handle.generate.remote(ids, params, f"seal-probe-{uuid.uuid4().hex}"))
-        rows = out.extra_fields["prompt_logprobs"]  # row i: token i + 1 (verl pads one dummy row at the end)
-        return [float(row[0]) for row in rows[: len(ids) - 1]]
+        outs = ray.get([handle.generate.remote(ids, params, f"seal-probe-{uuid.uuid4().hex}")
+                        for handle in self.llm_server_manager.server_handles])
+        # row i: token i + 1 (verl pads one dummy row at the end)
+        return [[float(row[0]) for row in out.extra_fields["prompt_logprobs"][: len(ids) - 1]] for out in outs]
+
+    def rollout_server_addresses(self) -> list[str]:
+        """`host:port` of each vLLM server replica's HTTP endpoint, in the manager's order."""
+        return list(self.llm_server_manager.server_addresses)
 
     def save_checkpoint(self) -> None:
         """Save the current step through verl (then `checkpoint_saved` runs)."""

@@ -301,6 +301,9 @@ def cpu_overrides(cfg: C.Recipe) -> dict[str, Any]:
         # when the OOM killer ended it, during the probe, on a loaded 24 GB machine; at 2048 a chunk's logits and
         # log-softmax are 2.5 GB (docs/verl_engine.md has the peaks measured).
         "actor_rollout_ref.rollout.max_num_batched_tokens": CPU_PREFILL_CHUNK_TOKENS,
+        # vLLM's statistics on (verl turns them off): the trainer reads each replica's finished-request counter
+        # after every step (`rollout/server_requests/replica_<r>`), so a run shows that every replica serves.
+        "actor_rollout_ref.rollout.disable_log_stats": False,
         # FSDP2: verl's FSDP1 path asks for a CUDA device id.
         "actor_rollout_ref.actor.strategy": "fsdp2",
         "actor_rollout_ref.ref.strategy": "fsdp2",

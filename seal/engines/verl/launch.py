@@ -108,9 +108,28 @@ def plugin_env_vars(device: str = "cuda") -> dict[str, str]:
 
         env[DEVICE_ENV] = "cpu"
         env["TOKENIZERS_PARALLELISM"] = "false"
-        # Every core for torch in each verl process (Ray would give each actor one thread): the heavy
-        # phases (generation, the actor's and the reference's log-probs, the update) run one after another.
-        env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS") or str(len(os.sched_getaffinity(0)))
+    return env
+
+
+def node_env_vars(cfg: C.Recipe) -> dict[str, str]:
+    """Settings for every Ray process of a run that depend on its node layout. A value the user set wins.
+
+    - One node: the process group's sockets on loopback (`GLOO_SOCKET_IFNAME`, `NCCL_SOCKET_IFNAME`: gloo's pairs
+      and NCCL's bootstrap otherwise bind the first network interface, reachable from outside the node).
+    - CPU: the cores split between the ranks. The heavy phases run one after another (generation, the actor's and
+      the reference's log-probs, the update), and in each of them every rank, or every vLLM replica (one per
+      rank), works at once: each gets cores / ranks threads (Ray would give each actor one thread; every core each
+      oversubscribes the machine ranks times over). vLLM's own CPU binding (`VLLM_CPU_OMP_THREADS_BIND=auto`)
+      pins every replica's threads to the same cores of the first NUMA node, so it is off (`nobind`): the OS
+      places the replicas' threads (docs/verl_engine.md, "Two ranks on CPU")."""
+    env: dict[str, str] = {}
+    if cfg.trainer.nnodes == 1:
+        for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            env[key] = os.environ.get(key) or "lo"
+    if cfg.trainer.device == "cpu":
+        threads = max(1, len(os.sched_getaffinity(0)) // cfg.trainer.n_gpus_per_node)
+        env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS") or str(threads)
+        env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND") or "nobind"
     return env
 
 
@@ -132,6 +151,7 @@ def build_verl_config(cfg: C.Recipe, run_dir: str | os.PathLike[str],
         current = OmegaConf.select(ray_init, "runtime_env.env_vars")
         env_vars = dict(OmegaConf.to_container(current, resolve=True)) if current is not None else {}
         env_vars.update(plugin_env_vars(cfg.trainer.device))
+        env_vars.update(node_env_vars(cfg))
         if "wandb" in cfg.trainer.logger:  # wandb's conventions, and a resumed run continues its wandb run
             from seal.logging_utils import wandb_env
 

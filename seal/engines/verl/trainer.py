@@ -63,6 +63,7 @@ class SealTrainer(TrainerAdapter):
         self.last_validation: dict[str, float] = {}
         episodes = probe_episodes(str(config.actor_rollout_ref.model.path))  # a warm-started model's, else None
         self.probe = WeightProbe(episodes) if episodes else None
+        self.served = ServedRequests()
 
     # ================================================================== the SEAL step
     def step(self, metrics: dict, timing_raw: dict) -> Any:
@@ -105,8 +106,19 @@ class SealTrainer(TrainerAdapter):
                                        batch_keys=batch_keys))
 
     def weights_synced(self) -> dict[str, float]:
-        """After every weight sync: the weight probe read from the vLLM server (a warm-started model only)."""
-        return self.probe.measure(self.rollout_prompt_logprobs) if self.probe is not None else {}
+        """After every weight sync: the requests each vLLM replica served since the last sync (when the servers
+        keep statistics), then the weight probe read from every replica (a warm-started model only). The counts
+        are read before the probe and again after it, so the probe's own requests are not counted."""
+        metrics: dict[str, float] = {}
+        addresses = self.rollout_server_addresses() if self.config.actor_rollout_ref.rollout.get(
+            "disable_log_stats") is False else []
+        if addresses:
+            metrics.update(self.served.since_last([server_request_count(a) for a in addresses]))
+        if self.probe is not None:
+            metrics.update(self.probe.measure(self.rollout_prompt_logprobs))
+        if addresses:
+            self.served.reset([server_request_count(a) for a in addresses])
+        return metrics
 
     def on_step_end(self) -> None:
         super().on_step_end()
@@ -175,31 +187,39 @@ class SealTrainer(TrainerAdapter):
 
 # =========================================================================== the weight probe
 class WeightProbe:
-    """What the vLLM server that serves the rollouts computes for fixed token sequences, after every weight sync.
+    """What the vLLM servers that serve the rollouts compute for fixed token sequences, after every weight sync.
 
     The sequences are the learnt episodes of a warm-started model (`seal.engines.local.warm_start.probe_episode`:
     each training task's ground truth and failing twin, as tokens). Per episode p = exp(sum of its reply tokens'
     log-probs), the exact probability that sampling at temperature 1 reproduces its replies, as the local engine's
-    warm start measures it, here from the rollout server's weights. Between two syncs the log-probs of every token
-    of every episode are compared: after a real update they change (the server holds the new weights), after a
-    skipped one they do not.
+    warm start measures it, here from the rollout servers' weights. Every replica is read (`prompt_logprobs` gives
+    one list per replica): the probabilities are replica 0's, and `probe/replica_max_diff` is the largest
+    difference of any token's log-prob between replica 0 and another (every replica holds the same weights: ~0).
+    Between two syncs the log-probs of every token of every episode are compared, per replica: after a real update
+    they change (the server holds the new weights), after a skipped one they do not.
 
     Metrics: `probe/p_ground_truth/<task>`, `probe/p_twin/<task>`, `probe/p_ground_truth/mean`, `probe/logprob`
-    (the sum of every episode's reply log-prob), and from the second sync on `probe/logprob_change` (against the
-    sync before) and `probe/max_token_change` (the largest change of any token's log-prob). The first sync's
+    (the sum of every episode's reply log-prob), `probe/replicas`, `probe/replica_max_diff`, and from the second
+    sync on `probe/logprob_change` (against the sync before), `probe/max_token_change` (the largest change of any
+    token's log-prob, replica 0) and `probe/replica_<r>/max_token_change` for every replica. The first sync's
     (the starting weights: the warm start, or a resumed checkpoint) are named `probe/start/...`.
     """
 
     def __init__(self, episodes: Sequence[Mapping[str, Any]]):
         self.episodes = list(episodes)
-        self.last: list[list[float]] | None = None
+        self.last: list[list[list[float]]] | None = None  # [replica][episode][token]
 
-    def measure(self, prompt_logprobs: Callable[[Sequence[int]], list[float]]) -> dict[str, float]:
-        """`prompt_logprobs(ids)`: the log-probs of ids[1:] (`TrainerAdapter.rollout_prompt_logprobs`)."""
-        now = [prompt_logprobs(e["token_ids"]) for e in self.episodes]
-        metrics: dict[str, float] = {}
+    def measure(self, prompt_logprobs: Callable[[Sequence[int]], list[list[float]]]) -> dict[str, float]:
+        """`prompt_logprobs(ids)`: per replica, the log-probs of ids[1:] (`TrainerAdapter.rollout_prompt_logprobs`)."""
+        per_episode = [prompt_logprobs(e["token_ids"]) for e in self.episodes]  # [episode][replica][token]
+        replicas = len(per_episode[0])
+        if replicas < 1 or any(len(r) != replicas for r in per_episode):
+            raise RuntimeError(f"the weight probe got {[len(r) for r in per_episode]} replica answers per episode")
+        now = [[per_episode[i][r] for i in range(len(self.episodes))] for r in range(replicas)]
+        metrics: dict[str, float] = {"probe/replicas": float(replicas),
+                                     "probe/replica_max_diff": _max_abs_diff(now[0], now)}
         reply_logps, gt_probs = [], []
-        for e, logps in zip(self.episodes, now, strict=True):
+        for e, logps in zip(self.episodes, now[0], strict=True):
             logp = math.fsum(logps[p - 1] for p in e["reply_positions"])  # logps[i] is token i + 1's
             reply_logps.append(logp)
             metrics[f"probe/p_{e['kind']}/{e['task_id']}"] = math.exp(logp)
@@ -209,14 +229,62 @@ class WeightProbe:
         if gt_probs:
             metrics["probe/p_ground_truth/mean"] = sum(gt_probs) / len(gt_probs)
         if self.last is not None:
-            before = [math.fsum(lp[p - 1] for p in e["reply_positions"]) for e, lp in zip(self.episodes, self.last,
-                                                                                          strict=True)]
+            if len(self.last) != replicas:
+                raise RuntimeError(f"the weight probe read {replicas} replicas, {len(self.last)} at the sync before")
+            before = [math.fsum(lp[p - 1] for p in e["reply_positions"]) for e, lp in zip(self.episodes,
+                                                                                          self.last[0], strict=True)]
             metrics["probe/logprob_change"] = metrics["probe/logprob"] - math.fsum(before)
-            metrics["probe/max_token_change"] = max(abs(a - b) for old, new in zip(self.last, now, strict=True)
-                                                    for a, b in zip(old, new, strict=True))
+            for r in range(replicas):
+                metrics[f"probe/replica_{r}/max_token_change"] = _max_abs_diff(self.last[r], [now[r]])
+            metrics["probe/max_token_change"] = metrics["probe/replica_0/max_token_change"]
         start = self.last is None
         self.last = now
         return {k.replace("probe/", "probe/start/", 1): v for k, v in metrics.items()} if start else metrics
+
+
+def _max_abs_diff(reference: list[list[float]], others: Sequence[list[list[float]]]) -> float:
+    """The largest |a - b| between a token log-prob of `reference` ([episode][token]) and the same token's in any
+    of `others`."""
+    return max((abs(a - b) for other in others for ref_e, e in zip(reference, other, strict=True)
+                for a, b in zip(ref_e, e, strict=True)), default=0.0)
+
+
+class ServedRequests:
+    """Requests each vLLM replica finished between two readings of vLLM's own counters: the agent loop's requests
+    counted per replica (`rollout/server_requests/replica_<r>`), so a run shows that every replica serves."""
+
+    def __init__(self) -> None:
+        self.last: list[float] | None = None
+
+    def since_last(self, counts: Sequence[float]) -> dict[str, float]:
+        before = self.last if self.last is not None else [0.0] * len(counts)
+        if len(before) != len(counts):
+            raise RuntimeError(f"{len(counts)} vLLM replicas answer now, {len(before)} did before")
+        return {f"rollout/server_requests/replica_{r}": now - then
+                for r, (now, then) in enumerate(zip(counts, before, strict=True))}
+
+    def reset(self, counts: Sequence[float]) -> None:
+        self.last = list(counts)
+
+
+def server_request_count(address: str, timeout_s: float = 10.0) -> float:
+    """Requests the vLLM server at `host:port` has finished (`vllm:request_success_total`, summed over its finish
+    reasons), from its Prometheus endpoint. Never through a proxy (the servers are on this node's loopback); an
+    unreachable server or a missing counter is an error naming the address."""
+    import urllib.request
+
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    url = f"http://{address}/metrics"
+    try:
+        with opener.open(url, timeout=timeout_s) as reply:
+            text = reply.read().decode()
+    except OSError as exc:
+        raise RuntimeError(f"could not read the vLLM server's request counter at {url}: {exc}") from exc
+    counts = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith("vllm:request_success_total")]
+    if not counts:
+        raise RuntimeError(f"{url} has no vllm:request_success_total (does the server keep statistics?)")
+    return math.fsum(counts)
 
 
 # =========================================================================== the advantage computation
