@@ -3,6 +3,7 @@ and the /dev/shm segments nobody maps any more are unlinked. Real processes and 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -98,6 +99,53 @@ def test_only_the_runs_orphaned_segments_are_removed_once_their_last_process_is_
         mine.close()
         mine.unlink()
         shared_memory.SharedMemory(name=foreign).unlink()
+
+
+def _named_semaphore(prefix: str, seconds: float) -> None:
+    """Create a named POSIX semaphore `<prefix>-<this pid>-x` as loky does, close it without unlinking (nobody maps it
+    any more, as with vLLM's EngineCore), stay alive `seconds`, then exit without cleanup (as under Ray's SIGKILL)."""
+    import _multiprocessing
+
+    lock = _multiprocessing.SemLock(1, 1, 1, f"/{prefix}-{os.getpid()}-x", False)
+    del lock  # sem_close: the name stays in /dev/shm, mapped by nobody
+    time.sleep(seconds)
+    os._exit(0)
+
+
+def test_a_semaphore_named_by_a_run_process_is_the_runs_even_unmapped(monkeypatch):
+    """loky's semaphores (`sem.loky-<pid>-<random>`) name their creator, and vLLM's EngineCore leaves them mapped by
+    nobody: the mapping rule alone never claimed them, so a user's run left one per vLLM engine in /dev/shm. A name
+    carrying a run process's pid is the run's; the same name with another program's pid is not."""
+    import multiprocessing as mp
+    import uuid
+
+    from seal.engines.verl.cleanup import RunSegments, remove_orphaned_shm, shm_segments
+
+    prefix = f"sealtest{uuid.uuid4().hex[:6]}"
+    spawn = mp.get_context("spawn")
+    monkeypatch.setenv("SEAL_TEST_RUN", "run-sem")
+    ours = spawn.Process(target=_named_semaphore, args=(prefix, 3.0))
+    ours.start()
+    monkeypatch.delenv("SEAL_TEST_RUN")
+    theirs = spawn.Process(target=_named_semaphore, args=(prefix, 3.0))
+    theirs.start()
+    mine, foreign = f"sem.{prefix}-{ours.pid}-x", f"sem.{prefix}-{theirs.pid}-x"
+    try:
+        with RunSegments("run-sem", interval_s=0.2, env_key="SEAL_TEST_RUN") as segments:
+            deadline = time.monotonic() + 60
+            while mine not in segments.seen and time.monotonic() < deadline:
+                time.sleep(0.1)
+        ours.join(10)
+        theirs.join(10)
+        assert mine in segments.seen and foreign not in segments.seen
+        assert mine in shm_segments() and foreign in shm_segments()  # both left behind by their creators
+        removed = remove_orphaned_shm(segments.seen, settle_s=5)
+        assert removed == [mine] and mine not in shm_segments()
+        assert foreign in shm_segments()  # another program's: never touched
+    finally:
+        for name in (mine, foreign):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"/dev/shm/{name}")
 
 
 SIGTERM_DRIVER = """

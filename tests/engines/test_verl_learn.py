@@ -1,19 +1,26 @@
-"""`python launcher.py --conf exp/tiny_verl_learn.yaml`: verl's own trainer LEARNS on CPU.
+"""`python launcher.py --conf exp/tiny_verl_learn.yaml`: verl's own trainer LEARNS on CPU, on two ranks, across a resume.
 
-The run is the verl engine's whole path (verl's `run_ppo` -> the `seal` trainer mode -> verl's vLLM async server on
-vLLM's CPU build -> FSDP2 actor and reference on gloo -> verl's weight sync into vLLM after every update), on
-exp/tiny_cpu.yaml's task pair with its warm start, here on the vLLM-capable tiny model (head_dim 32). Checked per
+The run is the verl engine's whole path in the GPU recipe's layout (verl's `run_ppo` -> the `seal` trainer mode ->
+two vLLM async server replicas on vLLM's CPU build -> the FSDP2 actor sharded over two gloo ranks, the KL loss and
+so a reference pass -> verl's weight sync into both replicas after every update), on exp/tiny_cpu.yaml's task pair
+with its warm start, here on the vLLM-capable tiny model (head_dim 32). Two launches, as a user who stops and
+resumes: steps 1-2 with a save at each, then the same command resumes from step 2's save for step 3. Checked per
 step, from the run's metrics.jsonl:
 
 - every step whose groups have a reward spread takes a real update (`actor/update_skipped` 0), the others skip it;
+  the KL term is in the loss (`actor/kl_loss`);
 - vLLM sampled with the actor's weights (`training/rollout_probs_diff_max` < 1e-3);
-- the weight probe, read from the vLLM server that serves the rollouts right after each sync, changed after an
-  update and did not after a skipped one (the synced weights are the new ones);
-- the exact probability of each task's ground truth rises from the warm start's, and the final checkpoint's
-  Hugging Face weights give the probability the vLLM server reported (the warm start's own measurement).
+- both replicas served the step's requests (vLLM's own counters), and both hold the same weights: the weight probe,
+  read from every replica right after each sync, agrees between them, and changed on every replica after an update
+  and on none after a skipped one;
+- the resume continues the step count and the p(ground truth) curve (the resumed weights' probe equals the probe
+  after step 2), every save holds the shards of a world of 2, and the exact probability of each task's ground truth
+  rises from the warm start's; the final checkpoint's Hugging Face weights give the probability the vLLM servers
+  reported (the warm start's own measurement).
 
-One seed; the run's every process is killed at a hard bound (a hang guard, not a speed bound) and none may be
-left, nor a /dev/shm segment.
+One seed; each launch's every process is killed at a hard bound (a hang guard, not a speed bound); every listener
+of the run is on loopback but torch's store (tests/engines/test_verl_cpu_run.py, `launch_verl`), and none of the
+run's processes, /dev/shm segments or semaphores may be left.
 """
 
 from __future__ import annotations
@@ -31,57 +38,88 @@ pytest.importorskip("verl")
 pytest.importorskip("vllm")
 
 REPO = Path(__file__).resolve().parents[2]
-TIMEOUT_S = 2400  # hang guard, not a speed bound; docs/verl_engine.md ("Learning on CPU") has the measured times
+CONF = "exp/tiny_verl_learn.yaml"
+# Hang guards, not speed bounds; docs/verl_engine.md ("Learning on CPU") has the measured times.
+FIRST_TIMEOUT_S = 2400
+RESUME_TIMEOUT_S = 1500
 STEPS = 3
+RANKS = 2
+
+
+def _step_checked(step: int, m: dict) -> bool:
+    """One training step's checks; True when it took a real update."""
+    print(f"step {step}: reward {m['train/reward_mean']:.3f} skipped {m['actor/update_skipped']} "
+          f"kl_loss {m.get('actor/kl_loss', float('nan')):.2e} "
+          f"probs_diff_max {m['training/rollout_probs_diff_max']:.2e} "
+          f"probe change {[round(m[f'probe/replica_{r}/max_token_change'], 4) for r in range(RANKS)]} "
+          f"replica diff {m['probe/replica_max_diff']:.1e} "
+          f"requests {[m[f'rollout/server_requests/replica_{r}'] for r in range(RANKS)]} "
+          f"step {m['timing_s/step']:.0f} s (gen {m['timing_s/gen']:.0f}, old {m['timing_s/old_log_prob']:.0f}, "
+          f"ref {m.get('timing_s/ref', float('nan')):.0f}, update {m['timing_s/update_actor']:.0f}, "
+          f"sync {m['timing_s/update_weights']:.1f}, probe {m['timing_s/weight_probe']:.1f})")
+    spread = m["critic/rewards/max"] != m["critic/rewards/min"]
+    assert m["actor/update_skipped"] == (0.0 if spread else 1.0), m
+    if spread:
+        assert "actor/kl_loss" in m, sorted(m)  # the KL term is in the loss (use_kl_loss on)
+    # The rollouts were sampled with the weights of the previous update (fp32 on both sides).
+    assert m["training/rollout_probs_diff_max"] < 1e-3, m
+    # Both replicas served this step's episodes (vLLM's own finished-request counters, probes excluded) ...
+    assert m["probe/replicas"] == RANKS
+    for r in range(RANKS):
+        assert m[f"rollout/server_requests/replica_{r}"] > 0, m
+    # ... and hold the same weights, which changed on every replica after an update and on none after a skip.
+    assert m["probe/replica_max_diff"] < 1e-4, m
+    for r in range(RANKS):
+        change = m[f"probe/replica_{r}/max_token_change"]
+        assert change > 1e-4 if spread else change < 1e-6, (r, m)
+    return spread
 
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("engines")  # one engine at a time (tests/conftest.py)
-def test_verl_learns_on_cpu(tmp_path, tmp_path_factory):
+def test_verl_learns_on_two_ranks_and_resumes(tmp_path, tmp_path_factory):
     import torch
     from transformers import AutoModelForCausalLM
 
     from seal.engines.local import warm_start as W
 
     cache = learn_model_cache(tmp_path_factory)
-    launch_verl(tmp_path, free_port(), *learn_paths(cache), timeout=TIMEOUT_S, conf="exp/tiny_verl_learn.yaml",
-                SEAL_MODEL_CACHE=str(cache))  # model.build_tiny builds only inside the model cache
-    rows = by_step(tmp_path / "tiny_verl_learn" / "metrics.jsonl")
+    port = free_port()
+    env = {"SEAL_MODEL_CACHE": str(cache)}  # model.build_tiny builds only inside the model cache
+    launch_verl(tmp_path, port, *learn_paths(cache), "trainer.total_training_steps=2", timeout=FIRST_TIMEOUT_S,
+                conf=CONF, **env)
+    run = tmp_path / "tiny_verl_learn"
+    ck = run / "checkpoints"
+    assert json.loads((ck / "latest.json").read_text())["step"] == 2
+    # The actor is sharded over the two ranks: each full save holds the shards of a world of 2.
+    shards = sorted(p.name for p in (ck / "global_step_2" / "actor").glob("model_world_size_*"))
+    assert shards == [f"model_world_size_{RANKS}_rank_{r}.pt" for r in range(RANKS)], shards
+
+    # The same command again, with the recipe's 3 steps: verl resumes from step 2's save, SEAL state included.
+    log = launch_verl(tmp_path, port, *learn_paths(cache), timeout=RESUME_TIMEOUT_S, conf=CONF, **env)
+    assert "Resuming from" in log and "global_step_2" in log, log[-4000:]
+    assert "resumed SEAL state from" in log
+    rows = by_step(run / "metrics.jsonl")
+    assert sorted(rows) == [1, 2, 3], sorted(rows)  # the step count continues; metrics.jsonl holds each once
+
     warm = cache / "tiny_qwen2_h2_warm"
     episodes = W.probe_episodes(warm)
     tasks = [e["task_id"] for e in episodes if e["kind"] == "ground_truth"]
     assert len(tasks) == 2
     start = json.loads((warm / W.INFO_FILE).read_text())["prob"]  # the warm start's p(ground truth), from HF
-
-    first = rows[1]
     for task in tasks:  # vLLM's probe of the starting weights is the warm start's own measurement
-        assert first[f"probe/start/p_ground_truth/{task}"] == pytest.approx(start[task], rel=1e-3)
-    updated = []
-    for step in range(1, STEPS + 1):
-        m = rows[step]
-        print(f"step {step}: reward {m['train/reward_mean']:.3f} skipped {m['actor/update_skipped']} "
-              f"probs_diff_max {m['training/rollout_probs_diff_max']:.2e} "
-              f"probe change {m['probe/logprob_change']:+.4f} (max token {m['probe/max_token_change']:.2e}) "
-              f"p(gt) {[round(m[f'probe/p_ground_truth/{t}'], 3) for t in tasks]} "
-              f"step {m['timing_s/step']:.0f} s (gen {m['timing_s/gen']:.0f}, old {m['timing_s/old_log_prob']:.0f}, "
-              f"update {m['timing_s/update_actor']:.0f}, "
-              f"sync {m['timing_s/update_weights']:.1f}, probe {m['timing_s/weight_probe']:.1f})")
-        spread = m["critic/rewards/max"] != m["critic/rewards/min"]
-        assert m["actor/update_skipped"] == (0.0 if spread else 1.0), m
-        # The rollouts were sampled with the weights of the previous update (fp32 on both sides).
-        assert m["training/rollout_probs_diff_max"] < 1e-3, m
-        if spread:  # the sync after the update carried new weights into the server that serves the rollouts
-            assert m["probe/max_token_change"] > 1e-4, m
-            updated.append(step)
-        else:
-            assert m["probe/max_token_change"] < 1e-6, m
+        assert rows[1][f"probe/start/p_ground_truth/{task}"] == pytest.approx(start[task], rel=1e-3)
+        # The resume continues the curve: the resumed weights are the ones step 2 ended with.
+        assert rows[3][f"probe/start/p_ground_truth/{task}"] == pytest.approx(rows[2][f"probe/p_ground_truth/{task}"],
+                                                                           rel=1e-4)
+    updated = [step for step in range(1, STEPS + 1) if _step_checked(step, rows[step])]
     assert updated, "no step had a reward spread: the warm start should leave the decision open"
 
-    last = rows[STEPS]
-    end = {t: last[f"probe/p_ground_truth/{t}"] for t in tasks}
+    end = {t: rows[STEPS][f"probe/p_ground_truth/{t}"] for t in tasks}
+    # The bar docs/verl_engine.md states: the two tasks' p(ground truth) rise by 0.1 in sum (0.05 each on average).
     assert sum(end.values()) > sum(start[t] for t in tasks) + 0.1, (start, end)
     # The final checkpoint's weights, measured as the warm start measures them, are the ones vLLM served.
-    hf = tmp_path / "tiny_verl_learn" / "checkpoints" / f"global_step_{STEPS}" / "actor" / "huggingface"
+    hf = ck / f"global_step_{STEPS}" / "actor" / "huggingface"
     model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
     probs = W.probe_episode_probs(model, episodes)
     for e, p in zip(episodes, probs, strict=True):

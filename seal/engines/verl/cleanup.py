@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 import uuid
@@ -142,18 +143,35 @@ class RunSampler:
         self.sample()
 
 
+def named_by(pids: set[int]) -> set[str]:
+    """/dev/shm names that carry one of `pids` as a `-<pid>-` field: the named semaphores of loky (joblib's process
+    pool), `sem.loky-<pid>-<random>`, name their creator. Such a semaphore need not stay mapped by anyone: vLLM's
+    `EngineCore` processes made them and none of the run's processes mapped them (measured), so the mapping rule
+    alone never claims them, and Ray's SIGKILL leaves them behind."""
+    found = set()
+    for name in shm_segments():
+        if any(int(field) in pids for field in _PID_FIELD.findall(name)):
+            found.add(name)
+    return found
+
+
+_PID_FIELD = re.compile(r"(?<=-)(\d+)(?=-)")
+
+
 class RunSegments(RunSampler):
-    """The /dev/shm names the run's processes have mapped or held open, sampled while the context is open
-    (`RunSampler`). A segment created and orphaned between two samples is missed (left in /dev/shm, never
-    wrongly removed)."""
+    """The /dev/shm names the run's processes have mapped or held open, or that name one of them as their creator
+    (`named_by`), sampled while the context is open (`RunSampler`). A segment created and orphaned between two
+    samples is missed (left in /dev/shm, never wrongly removed)."""
 
     def __init__(self, marker: str, interval_s: float = SHM_SAMPLE_S, env_key: str = RUN_MARKER_ENV) -> None:
         super().__init__(marker, interval_s, env_key)
         self.seen: set[str] = set()
 
     def sample(self) -> None:
-        for proc in self.processes():
+        procs = self.processes()
+        for proc in procs:
             self.seen |= _shm_names_of(proc)
+        self.seen |= named_by({proc.pid for proc in procs})
 
 
 def remove_orphaned_shm(owned: set[str], settle_s: float = SHM_SETTLE_S) -> list[str]:
