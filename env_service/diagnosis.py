@@ -11,8 +11,9 @@ state and results after it (``own_turn_check``). Evidence per turn (``TurnEviden
 * the release progress tag (cumulative re-execution with BFCL's ``state_checker`` / ``response_checker``);
 * rejected messages (unparsable, or a call to a tool that is not available now — a held-out tool before its
   reveal, or a name that does not exist);
-* tool errors of accepted calls, their family (``env_service.tool_errors``) and whether a later call of the
-  same function in the turn succeeded (the model recovered);
+* tool errors of the turn's calls as replayed from the reference state (its own errors, not those an earlier
+  turn's wrong state caused), their family (``env_service.tool_errors``) and whether a later call of the same
+  function in the turn succeeded (the model recovered: a repaired error labels nothing, whatever its family);
 * the turn's own state transition and results (replayed from the reference state);
 * the called functions and arguments against the ground truth's.
 
@@ -27,8 +28,8 @@ Decision (docs/diagnosis.md has the signals, the table and the judgments): the e
   paper's priority:
   1. invalid_tool_call  — own failure, and a message of the turn was rejected;
   2. argument_mismatch  — own failure, and a call failed with an argument error, or a call of a function the
-                          ground truth makes has arguments no ground-truth call of it has (not repaired later
-                          in the turn);
+                          ground truth makes has arguments no ground-truth call of it has (either one not
+                          repaired later in the turn);
   3. state_mismatch     — own failure, some call executed and the own transition leaves a wrong state;
   4. recovery_failure   — own failure with a tool error nothing repaired, or any failing turn while an earlier
                           turn's error feedback is still unrepaired;
@@ -46,7 +47,7 @@ from env_service import vocab
 from env_service.bfcl import response_checker, state_checker
 from env_service.executor import ToolExecutor
 from env_service.tasks import Call, Task
-from env_service.tool_errors import is_argument_error
+from env_service.tool_errors import is_argument_error, is_error_result
 from env_service.trajectory import AcceptedCall, Turn
 
 
@@ -54,10 +55,14 @@ from env_service.trajectory import AcceptedCall, Turn
 class OwnCheck:
     """The turn replayed alone from the reference state before it: is its transition / are its results right?
 
-    ``None`` where BFCL's checker raised (no evidence either way)."""
+    ``None`` where BFCL's checker raised (no evidence either way). ``calls``: the turn's calls with the results
+    (and errors) of that replay, from which the turn's tool-error signals are read (docs/diagnosis.md, judgment
+    "a turn's tool errors are those of its own replay"); ``None`` only in constructed evidence that gives no
+    replay results, where the recorded calls are read instead."""
 
     state_ok: bool | None
     response_ok: bool | None
+    calls: tuple[AcceptedCall, ...] | None = None
 
     @property
     def passed(self) -> bool:
@@ -74,6 +79,9 @@ def own_turn_check(task: Task, index: int, calls: list[AcceptedCall]) -> OwnChec
             model.call(c.name, c.arguments)
             reference.call(c.name, c.arguments)
     results = [model.call(c.name, c.arguments) for c in calls]
+    replayed = tuple(
+        AcceptedCall(c.name, c.arguments, r, is_error_result(r)) for c, r in zip(calls, results, strict=True)
+    )
     gt_results = [reference.call(c.name, c.arguments) for c in task.gt_calls[index]]
     try:
         state_ok: bool | None = bool(state_checker(model.instances, reference.instances)["valid"])
@@ -83,7 +91,7 @@ def own_turn_check(task: Task, index: int, calls: list[AcceptedCall]) -> OwnChec
         response_ok: bool | None = bool(response_checker(results, gt_results, index)["valid"])
     except Exception:
         response_ok = None
-    return OwnCheck(state_ok, response_ok)
+    return OwnCheck(state_ok, response_ok, replayed)
 
 
 def unrecovered_errors(calls: list[AcceptedCall]) -> list[AcceptedCall]:
@@ -129,6 +137,14 @@ class TurnEvidence:
         return self.turn.accepted_calls() if self.turn else []
 
     @property
+    def error_calls(self) -> list[AcceptedCall]:
+        """The calls whose tool errors are the turn's own: as replayed from the reference state where the turn
+        was replayed, else as recorded (a passing turn, or constructed evidence without replay results)."""
+        if self.own is not None and self.own.calls is not None:
+            return list(self.own.calls)
+        return self.calls
+
+    @property
     def rejected(self) -> int:
         if self.turn is None:
             return 0
@@ -151,7 +167,7 @@ class TurnSignals:
     cumulative_pass: bool  # the progress tag is a success
     own_pass: bool  # the turn's own replay from the reference state passes both checks
     rejected: bool  # a message (or, official rules, a call) was rejected
-    argument_error: bool  # an accepted call failed with an argument-family tool error
+    argument_error: bool  # an argument-family tool error no later successful call of the same function repaired
     wrong_arguments: bool  # ``wrong_arguments``
     state_wrong: bool  # a call executed and the own replay (or the instance set) leaves a wrong state
     unrepaired_error: bool  # a tool error no later successful call of the same function repaired
@@ -160,10 +176,14 @@ class TurnSignals:
 
 
 def turn_signals(ev: TurnEvidence) -> TurnSignals:
+    """The signals of the turn alone: its tool errors come from its own replay from the reference state
+    (``TurnEvidence.error_calls``), as its own pass does; one repair rule (``unrecovered_errors``) for every error
+    family."""
     calls = ev.calls
     missing = Counter(g.name for g in ev.gt_calls) - Counter(c.name for c in calls)
     own_state_ok = ev.own.state_ok if ev.own is not None else None
-    executed = any(not c.is_error for c in calls)
+    unrepaired = unrecovered_errors(ev.error_calls)
+    executed = any(not c.is_error for c in ev.error_calls)
     return TurnSignals(
         harness_error=ev.tag in vocab.EXCLUDED_TAGS,
         gt_has_calls=bool(ev.gt_calls),
@@ -171,10 +191,10 @@ def turn_signals(ev: TurnEvidence) -> TurnSignals:
         cumulative_pass=ev.tag in vocab.SUCCESS_TAGS,
         own_pass=ev.own is not None and ev.own.passed,
         rejected=bool(ev.rejected),
-        argument_error=any(c.is_error and is_argument_error(c.result) for c in calls),
+        argument_error=any(is_argument_error(c.result) for c in unrepaired),
         wrong_arguments=wrong_arguments(calls, list(ev.gt_calls)),
         state_wrong=executed and (own_state_ok is False or ev.tag == vocab.INSTANCE_MISMATCH),
-        unrepaired_error=bool(unrecovered_errors(calls)),
+        unrepaired_error=bool(unrepaired),
         earlier_error=ev.earlier_error,
         missing=not calls or bool(missing),
     )
@@ -216,26 +236,32 @@ def paper_label(ev: TurnEvidence) -> str:
     return label_from_signals(turn_signals(ev))
 
 
-def label_turn(task: Task, index: int, tag: str, turn: Turn | None, earlier_error: bool = False) -> str:
-    """Gather the evidence of turn ``index`` (replaying it alone when it failed) and label it.
+def turn_evidence(task: Task, index: int, tag: str, turn: Turn | None, earlier_error: bool = False) -> TurnEvidence:
+    """Gather the evidence of turn ``index``, replaying it alone when it failed.
     ``earlier_error``: ``ErrorCarry.pending`` before this turn."""
     gt_calls = task.gt_calls[index]
     own = own_turn_check(task, index, turn.accepted_calls()) if needs_own_check(tag, turn, gt_calls) else None
-    return paper_label(TurnEvidence(tag, turn, tuple(gt_calls), own, earlier_error))
+    return TurnEvidence(tag, turn, tuple(gt_calls), own, earlier_error)
+
+
+def label_turn(task: Task, index: int, tag: str, turn: Turn | None, earlier_error: bool = False) -> str:
+    """The paper label of turn ``index`` (``turn_evidence``, then ``paper_label``)."""
+    return paper_label(turn_evidence(task, index, tag, turn, earlier_error))
 
 
 class ErrorCarry:
     """Whether unrepaired executable error feedback is still pending when a turn starts (cross-turn recovery).
 
-    Set by a turn that failed (its label is a failure) with a tool error no later call of the turn repaired;
-    cleared by a turn whose cumulative check passes (the state and results are right again: recovered)."""
+    Set by a turn that failed (its label is a failure) with a tool error of its own (in its replay from the
+    reference state, ``TurnEvidence.error_calls``) that no later call of the turn repaired: an error caused only by
+    an earlier turn's wrong state is that turn's failure, not feedback on this turn's action. Cleared by a turn
+    whose cumulative check passes (the state and results are right again: recovered)."""
 
     def __init__(self) -> None:
         self.pending = False
 
-    def update(self, tag: str, label: str, turn: Turn | None) -> None:
+    def update(self, tag: str, label: str, ev: TurnEvidence) -> None:
         if tag == vocab.PASS:  # an empty-ground-truth turn checks no state: it clears nothing
             self.pending = False
-        elif label in vocab.PAPER_LABELS and label != vocab.PASS and turn is not None \
-                and unrecovered_errors(turn.accepted_calls()):
+        elif label in vocab.PAPER_LABELS and label != vocab.PASS and unrecovered_errors(ev.error_calls):
             self.pending = True

@@ -7,7 +7,8 @@
   fresh instances of our own executor (a fresh namespace: the release reused the official run's mutated
   instances, docs/release_behaviour.md §5.3) next to the ground truth, and each turn is checked with
   BFCL's ``state_checker`` and ``response_checker``. State is cumulative across turns, as in BFCL.
-* Paper labels: ``env_service.diagnosis.label_turn`` from each turn's own evidence (docs/diagnosis.md).
+* Paper labels: ``env_service.diagnosis.turn_evidence`` / ``paper_label`` from each turn's own evidence
+  (docs/diagnosis.md).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 from env_service import vocab
 from env_service.bfcl import multi_turn_checker, multi_turn_utils, response_checker, state_checker
-from env_service.diagnosis import ErrorCarry, label_turn
+from env_service.diagnosis import ErrorCarry, paper_label, turn_evidence
 from env_service.executor import ToolExecutor, tool_class
 from env_service.tasks import Task
 from env_service.trajectory import Turn
@@ -99,8 +100,9 @@ def per_turn_diagnosis(task: Task, turns: list[Turn]) -> dict[str, Any]:
             tag, state_ok, response_ok = _turn_tag(
                 not gt_calls, len(calls), model_ex, gt_ex, all_model_results, gt_results, t
             )
-        label = label_turn(task, t, tag, turn, carry.pending)
-        carry.update(tag, label, turn)
+        evidence = turn_evidence(task, t, tag, turn, carry.pending)
+        label = paper_label(evidence)
+        carry.update(tag, label, evidence)
         if turn is not None and turn.count(vocab.BUDGET_EXCEEDED):
             # The turn's last action went over the cost budget: a refused action, the model's failure.
             tag, label = vocab.BUDGET_EXCEEDED, vocab.INVALID_TOOL_CALL

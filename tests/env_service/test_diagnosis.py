@@ -120,16 +120,24 @@ def test_error_carry_is_cleared_by_a_passing_turn_and_set_only_by_a_failing_erro
     failed = Turn([Step("calls", calls=[AcceptedCall("mv", {"source": "nope"}, PATH_ERROR, True)])])
     repaired = Turn([Step("calls", calls=[AcceptedCall("mv", {"source": "nope"}, PATH_ERROR, True),
                                           AcceptedCall("mv", {"source": "a"}, "ok", False)])])
+    def ev(tag: str, turn: Turn | None, own: OwnCheck | None = None) -> TurnEvidence:
+        return TurnEvidence(tag, turn, GT, own)
+
     carry = ErrorCarry()
-    carry.update(vocab.PASS, vocab.PASS, failed)  # the error did no harm: the turn passed
+    carry.update(vocab.PASS, vocab.PASS, ev(vocab.PASS, failed))  # the error did no harm: the turn passed
     assert not carry.pending
-    carry.update(vocab.STATE_MISMATCH, vocab.STATE_MISMATCH, repaired)  # repaired within the turn
+    carry.update(vocab.STATE_MISMATCH, vocab.STATE_MISMATCH, ev(vocab.STATE_MISMATCH, repaired))  # repaired
     assert not carry.pending
-    carry.update(vocab.STATE_MISMATCH, vocab.RECOVERY_FAILURE, failed)
+    # the error was recorded, but the turn's own replay from the reference state ran without it: the error came
+    # from an earlier turn's state, and that turn carries it
+    inherited_error = OwnCheck(False, False, (AcceptedCall("mv", {"source": "nope"}, "ok", False),))
+    carry.update(vocab.STATE_MISMATCH, vocab.MISSING_TOOL_CALL, ev(vocab.STATE_MISMATCH, failed, inherited_error))
+    assert not carry.pending
+    carry.update(vocab.STATE_MISMATCH, vocab.RECOVERY_FAILURE, ev(vocab.STATE_MISMATCH, failed))
     assert carry.pending
-    carry.update(vocab.CORRECT_ABSTENTION, vocab.PASS, None)  # checks no state: clears nothing
+    carry.update(vocab.CORRECT_ABSTENTION, vocab.PASS, ev(vocab.CORRECT_ABSTENTION, None))  # checks no state
     assert carry.pending
-    carry.update(vocab.PASS, vocab.PASS, None)  # the cumulative check passes again: recovered
+    carry.update(vocab.PASS, vocab.PASS, ev(vocab.PASS, None))  # the cumulative check passes again: recovered
     assert not carry.pending
     # on constructed evidence: an inherited failure is pass, or recovery_failure after pending error feedback
     steps, _ = _trigger(vocab.MISSING_TOOL_CALL)
