@@ -15,7 +15,7 @@ from seal.engines.preflight import plan as P
 from seal.engines.preflight import probes
 
 OK, WARN, FAIL, SKIP = "OK", "WARN", "FAIL", "n/a"
-REPRODUCE_CUDA12 = "docs/reproduce.md, section 'A node whose driver is older than CUDA 13 needs'"
+REPRODUCE_CUDA12 = "docs/reproduce.md §0.2, a node whose driver is older than CUDA 13 needs"
 # The oldest Linux driver of each CUDA toolkit (NVIDIA's CUDA release notes, "CUDA Toolkit and corresponding
 # driver versions"); a CUDA build runs on a driver of the same major version at least this old through minor
 # version compatibility (PTX JIT excepted), never on an older major.
