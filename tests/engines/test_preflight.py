@@ -280,3 +280,35 @@ def test_preflight_of_the_local_engine_says_what_applies_and_passes(tmp_path, ca
         ("note:", "pre-flight:"))]
     assert checks == ["model", "disk", "host"]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_every_verl_run_checks_before_ray(monkeypatch, tmp_path):
+    """`launch.run_preflight`, what `launch.train` calls between building the verl config and starting Ray, on the
+    model the run loads (the resolved `actor_rollout_ref.model.path`): the paper recipe on this machine stops with
+    the table; the CPU recipe passes and gets the storage units lowered when Ray's CPUs are short."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    from seal.engines.verl import launch
+
+    monkeypatch.setattr(probes, "hub_reachable", lambda: False)
+    monkeypatch.setattr(probes, "gpu_memory", lambda: None)
+    cfg, vc = verl_cfg("SEAL.yaml", tmp=tmp_path)
+    with pytest.raises(PF.PreflightFailed) as err:
+        launch.run_preflight(cfg, vc, tmp_path / "run")
+    assert "GPUs" in str(err.value) and "none visible" in err.value.table
+
+    model = tmp_path / "smollm2"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(P.PUBLISHED_CONFIGS["builtin:smollm2"]))
+    (model / "model.safetensors").write_bytes(b"")
+    cfg, vc = verl_cfg("tiny_verl_cpu.yaml", tmp=tmp_path)
+    OmegaConf.update(vc, "actor_rollout_ref.model.path", str(model))
+    OmegaConf.update(vc, "ray_kwargs.ray_init.num_cpus", 4)  # pool 3 + controller 1: no room for a storage unit
+    with pytest.raises(PF.PreflightFailed, match="CPUs"):
+        launch.run_preflight(cfg, vc, tmp_path / "run")
+    OmegaConf.update(vc, "ray_kwargs.ray_init.num_cpus", 6)
+    OmegaConf.update(vc, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 8)
+    launch.run_preflight(cfg, vc, tmp_path / "run")
+    assert OmegaConf.select(vc, "transfer_queue.backend.SimpleStorage.num_data_storage_units") == 2

@@ -56,13 +56,13 @@ class Report:
         """The rows as a text table; each fix on the line below its row."""
         widths = (28, 5, 58, 42)
         head = ("check", "", "needed", "found")
-        lines = [self.title, "  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip(), "-" * 137]
+        lines = [self.title, "  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)).rstrip(), "-" * 137]
         for row in self.rows:
             cells = [textwrap.wrap(text, w) or [""] for text, w in
-                     zip((row.check, row.verdict, row.needed, row.found), widths)]
+                     zip((row.check, row.verdict, row.needed, row.found), widths, strict=True)]
             for i in range(max(map(len, cells))):
                 lines.append("  ".join((c[i] if i < len(c) else "").ljust(w)
-                                       for c, w in zip(cells, widths)).rstrip())
+                                       for c, w in zip(cells, widths, strict=True)).rstrip())
             if row.fix:
                 lines += textwrap.wrap(f"fix: {row.fix}", 137, initial_indent=" " * 6, subsequent_indent=" " * 11)
         lines += [f"note: {n}" for n in self.notes]

@@ -96,8 +96,9 @@ def cpu_row(verl_cfg: Any) -> tuple[Row, dict[str, Any]]:
     set_key = "ray_kwargs.ray_init.num_cpus"
     configured = P.sel(verl_cfg, set_key)
     have = float(configured) if configured is not None else float(probes.ray_node_cpus())
+    quota = probes.cgroup_cpu_quota() if configured is None else None
     source = f"{set_key}={configured}" if configured is not None else (
-        f"Ray's own count (affinity {probes.affinity_cpus()} cores, cgroup quota {probes.cgroup_cpu_quota() or 'none'})")
+        f"Ray's own count (affinity {probes.affinity_cpus()} cores, cgroup quota {quota or 'none'})")
     needed = (f"{c.need():g}: resource pool {c.bundles} x {c.per_bundle} + TransferQueue {c.storage_units} units x "
               f"{c.per_unit:g} + controller {c.controller:g}")
     found = f"{have:g} logical ({source})"

@@ -257,11 +257,11 @@ def train(cfg: C.Recipe, run_dir: str | os.PathLike[str], overrides: Sequence[st
         check_gpus(cfg)
     check_env_services(list(cfg.env.urls))
     verl_cfg = build_verl_config(cfg, run_dir, overrides)
-    run_preflight(cfg, verl_cfg, run_dir)
     os.environ.update(plugin_env_vars(cfg.trainer.device))  # this process too (the TaskRunner inherits ray_init's env)
     for entry in QUIET_WARNINGS:  # this process read PYTHONWARNINGS at its start: the same filters by hand
         warnings.filterwarnings("ignore", message=re.escape(entry.split(":")[1]), category=UserWarning)
     run_ppo, TaskRunnerV1 = import_verl_entry()
+    run_preflight(cfg, verl_cfg, run_dir)  # after that import: the pre-flight imports Ray (its CPU count, verl's pool)
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
     from verl.utils.device import auto_set_device
