@@ -1,6 +1,6 @@
 """Start a SEAL training run from a recipe (`seal-train`, or `python launcher.py` in the project).
 
-    seal-train --conf exp/SEAL.yaml [key=value ...] [verl.<verl key>=value ...] [--dry-run]
+    seal-train --conf exp/SEAL.yaml [key=value ...] [verl.<verl key>=value ...] [--dry-run | --preflight]
     seal-train                               # the embedded default, exp/tiny_cpu.yaml (CPU, minutes)
 
 It works from any directory: every input path (`--conf`, `model.path`, `model.warm_start.path`, the data
@@ -9,7 +9,9 @@ the run directory `<run_root>/<experiment_name>`, an output, from the cwd.
 
 1. Composes and validates the recipe (`seal.recipe.load_config`); `--dry-run` prints it (for engine verl
    also the resolved verl config) and exits. `verl.<key>=value` sets a key of verl's config directly,
-   `+verl.<key>=value` adds one verl's defaults lack (Hydra's convention); engine verl only.
+   `+verl.<key>=value` adds one verl's defaults lack (Hydra's convention); engine verl only. `--preflight`
+   prints the pre-flight table (`seal.engines.preflight`: GPUs, driver, CPUs, disk, memory, the model) and exits
+   1 on any FAIL; like `--dry-run` it starts nothing and writes nothing. Every verl run runs it by itself too.
 2. `engine: verl` needs GPUs: without CUDA it stops at once and points to `exp/tiny_cpu.yaml`.
 3. Prepares the model (a built-in or tiny model is built into the model cache when missing), so a missing
    model stops the launch before anything is written. Writes the resolved config to
@@ -81,6 +83,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--conf", default=None, help="recipe YAML (default: exp/tiny_cpu.yaml)")
     p.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--preflight", action="store_true",
+                   help="check this node against the recipe (table; exit 1 on a FAIL); starts and writes nothing")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.n=4 trainer.total_training_steps=2")
     return p.parse_intermixed_args(argv)  # overrides may come before or after the options
@@ -189,6 +193,30 @@ def dry_run(cfg: Recipe, verl_overrides: list[str]) -> int:
     return 0
 
 
+def preflight(cfg: Recipe, verl_overrides: list[str]) -> int:
+    """`--preflight`: the pre-flight table of the recipe on this node; 1 when a check fails, 2 for a bad override."""
+    from seal.engines.preflight import preflight as run_preflight
+
+    try:
+        report = run_preflight(cfg, verl_overrides)
+    except KeyError as exc:
+        print(f"launcher: {exc.args[0]}", file=sys.stderr)
+        return 2
+    print(report.table())
+    return 1 if report.failed else 0
+
+
+def no_gpu_message() -> str:
+    """Why `engine: verl` cannot use CUDA here: a driver too old for this torch's CUDA when that is the cause
+    (the pre-flight's driver check), else no GPU at all."""
+    from seal.engines.preflight.checks import FAIL, driver_row
+
+    row = driver_row()
+    if row.verdict == FAIL and row.fix.startswith("driver "):
+        return f"CUDA is not usable: {row.fix}"
+    return NO_GPU_MESSAGE
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from seal.logging_utils import setup_console_logging
@@ -212,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.dry_run:
         return dry_run(cfg, verl_overrides)
+    if args.preflight:
+        return preflight(cfg, verl_overrides)
     from seal.rollout.client import export_token
 
     export_token(cfg.env.token_env)  # the started service and every client read $SEAL_ENV_TOKEN
@@ -219,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         if not torch.cuda.is_available():
-            print(f"launcher: {NO_GPU_MESSAGE}", file=sys.stderr)
+            print(f"launcher: {no_gpu_message()}", file=sys.stderr)
             return 3
     run = RunDir(run_dir(cfg))
     changed = resumed_config_changes(cfg, run)
@@ -256,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
         log.debug("the run failed", exc_info=True)
         _remove_if_unstarted(run, created)
         print(f"launcher: error: {failure_summary(exc)}", file=sys.stderr)
+        if getattr(exc, "table", None):  # the pre-flight's table (seal.engines.preflight.PreflightFailed)
+            print(exc.table, file=sys.stderr)
         return 1
 
 

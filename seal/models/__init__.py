@@ -23,6 +23,8 @@ REPO_ROOT = PROJECT_ROOT
 
 # name -> "module:function" that returns the model's directory, built into the cache when missing.
 BUILTIN_MODELS = {"builtin:smollm2": "seal.models.smollm2:build_smollm2"}
+# name -> "module:function" that returns where the cached build lives, building nothing (the pre-flight asks).
+BUILTIN_DIRS = {"builtin:smollm2": "seal.models.smollm2:default_dir"}
 
 
 def model_cache_dir() -> Path:
@@ -33,6 +35,12 @@ def model_cache_dir() -> Path:
 
 def is_builtin(name: str) -> bool:
     return name in BUILTIN_MODELS
+
+
+def builtin_dir(name: str) -> Path:
+    """Where the built-in model `name` is (or will be) built; builds nothing."""
+    module, _, function = BUILTIN_DIRS[name].partition(":")
+    return Path(getattr(importlib.import_module(module), function)()).resolve()
 
 
 def builtin_model(name: str) -> Path:

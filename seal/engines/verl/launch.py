@@ -6,7 +6,8 @@ What it does, in order:
 2. checks that every env-service URL answers `/healthz` (the launcher starts the service);
 3. writes the task subsets (`seal.engines.data`, the local engine's rule) when `data.max_train_tasks` /
    `max_val_tasks` or `train_task_ids` / `val_task_ids` are set;
-4. builds verl's config (`seal.engines.verl.config.to_verl_config`) and lets verl validate it;
+4. builds verl's config (`seal.engines.verl.config.to_verl_config`), runs the pre-flight check on it
+   (`seal.engines.preflight`: a FAIL stops here, before Ray, with the table), and lets verl validate it;
 5. runs verl's own entry (`verl.trainer.main_ppo.run_ppo` with the v1 `TaskRunnerV1`) with trainer mode
    `seal`. verl starts Ray (several nodes: start a Ray cluster first and export `RAY_ADDRESS`, or the
    engine connects with `address="auto"` when `trainer.nnodes > 1`), the FSDP workers, the vLLM
@@ -54,6 +55,11 @@ def check_gpus(cfg: C.Recipe) -> int:
         raise EngineUnavailable(f"torch is not importable ({exc}); {CPU_HINT}") from exc
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if count == 0:
+        from seal.engines.preflight.checks import FAIL, driver_row
+
+        row = driver_row()  # a driver too old for this torch's CUDA hides every GPU: name that cause
+        if row.verdict == FAIL and row.fix.startswith("driver "):
+            raise EngineUnavailable(f"CUDA is not usable: {row.fix}")
         raise EngineUnavailable(f"no CUDA device visible: {CPU_HINT}")
     need = cfg.trainer.n_gpus_per_node
     if cfg.trainer.nnodes == 1 and count < need:
@@ -207,6 +213,16 @@ def dead_actors() -> list[str]:
     return found
 
 
+def run_preflight(cfg: C.Recipe, verl_cfg: DictConfig, run_dir: str | os.PathLike[str]) -> None:
+    """The pre-flight check (`seal.engines.preflight`) before Ray starts, on the model this run loads: a FAIL raises
+    `PreflightFailed` with the table; fewer TransferQueue storage units, when that is what fits, go into `verl_cfg`."""
+    from seal.engines.preflight import enforce, verl_report
+
+    loaded = replace(cfg, model=replace(cfg.model, path=str(verl_cfg.actor_rollout_ref.model.path), build_tiny=False,
+                                        warm_start=replace(cfg.model.warm_start, enable=False)))
+    enforce(verl_report(loaded, verl_cfg, Path(run_dir).absolute()), verl_cfg)
+
+
 RAY_SIGNAL_SWITCH = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"
 
 
@@ -265,6 +281,7 @@ def train(cfg: C.Recipe, run_dir: str | os.PathLike[str], overrides: Sequence[st
     for entry in QUIET_WARNINGS:  # this process read PYTHONWARNINGS at its start: the same filters by hand
         warnings.filterwarnings("ignore", message=re.escape(entry.split(":")[1]), category=UserWarning)
     run_ppo, TaskRunnerV1 = import_verl_entry()
+    run_preflight(cfg, verl_cfg, run_dir)  # after that import: the pre-flight imports Ray (its CPU count, verl's pool)
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
     from verl.utils.device import auto_set_device
