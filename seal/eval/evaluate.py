@@ -621,6 +621,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                    "(τ²-bench is the command `seal-eval tau2`)")
     p.add_argument("--memory-backends", default="kv,rec_sum,vector",
                    help="bfcl_v4_memory backends to run (default all three: BFCL's Memory is their mean)")
+    p.add_argument("--allow-internal-fetch", action="store_true", help="bfcl_v4_web_search: let the model's "
+                   "fetch_url_content reach loopback, private and link-local addresses (research on a closed "
+                   "network only; docs/evaluation.md)")
     p.add_argument("--rules", choices=list(RULES), default=DEFAULT_RULES,
                    help="rules profile of every episode: official = BFCL's own multi-turn pipeline (the number to "
                    "compare with the leaderboard and BFCL-CLI papers); release = the authors' training "
@@ -726,7 +729,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 summary = ood.run_benchmark(args.benchmark, args.policy, out, options=options, tasks=tasks,
                                             concurrency=args.concurrency, progress=not args.no_progress,
-                                            memory_backends=[b.strip() for b in args.memory_backends.split(",")])
+                                            memory_backends=[b.strip() for b in args.memory_backends.split(",")],
+                                            allow_internal_fetch=args.allow_internal_fetch)
             except ood.OodUnavailable as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 3
