@@ -36,7 +36,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from seal.eval.egress import EgressRule
+from seal.eval.egress import PUBLIC_ONLY, EgressRule
 from seal.io_utils import file_sha256
 
 
@@ -233,7 +233,7 @@ class GuardedRequests:
 
 @contextmanager
 def bounded_serpapi(url: str = SERPAPI_URL, max_attempts: int = SERPAPI_MAX_ATTEMPTS,
-                    egress: EgressRule | None = EgressRule()) -> Iterator[ModuleType]:
+                    egress: EgressRule | None = PUBLIC_ONLY) -> Iterator[ModuleType]:
     """BFCL's web_search module with the bounded SerpAPI client in place of ``GoogleSearch`` and, unless `egress`
     is None (``--allow-internal-fetch``), ``fetch_url_content`` under the egress rule, while inside."""
     if max_attempts < 1:

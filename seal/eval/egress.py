@@ -191,3 +191,6 @@ def _fetch(target: Target, url: str, headers: dict[str, str], timeout: float | N
     response.encoding = get_encoding_from_headers(response.headers)
     response._content = b"".join(body)  # what requests' own adapter fills in when it reads a body
     return response
+
+
+PUBLIC_ONLY = EgressRule()  # the default rule: no address let through but public ones

@@ -56,7 +56,7 @@ from seal.eval.bfcl_v4_backends import (
     minilm_dir,
     minilm_provenance,
 )
-from seal.eval.egress import EgressRule
+from seal.eval.egress import PUBLIC_ONLY, EgressRule
 from seal.eval.policies import EMPTY_REPLY, Agent, Message, Policy, PolicyError, PolicyOptions, parse_policy
 from seal.eval.results import ood_summary, write_eval_dir
 from seal.redact import scrub
@@ -520,7 +520,7 @@ def run_bfcl_v4_web_search(policy: Policy, out: Path, tasks: Sequence[str] | Non
                            progress: bool = True, executor_factory: Callable[[AgenticEntry], Any] | None = None,
                            categories: Sequence[str] = WEB_SEARCH_CATEGORIES, close_policy: bool = False,
                            serpapi_url: str = SERPAPI_URL, max_attempts: int = SERPAPI_MAX_ATTEMPTS,
-                           egress: EgressRule | None = EgressRule()) -> dict:
+                           egress: EgressRule | None = PUBLIC_ONLY) -> dict:
     """BFCL V4 web search through BFCL's WebSearchAPI, SerpAPI at `serpapi_url` with at most `max_attempts`
     tries per search (``seal.eval.bfcl_v4_backends``), unless `executor_factory` supplies a search backend.
     Pages are fetched under `egress` (``seal.eval.egress``; None: BFCL's own unchecked fetch)."""
@@ -568,7 +568,7 @@ def run_benchmark(benchmark: str, policy_spec: str, out: Path, *, options: Polic
     if benchmark == "bfcl_v4_memory":
         return run_bfcl_v4_memory(policy, out, memory_backends, tasks, concurrency, progress, close_policy=True)
     return run_bfcl_v4_web_search(policy, out, tasks, concurrency, progress, close_policy=True,
-                                  egress=None if allow_internal_fetch else EgressRule())
+                                  egress=None if allow_internal_fetch else PUBLIC_ONLY)
 
 
 def _policy_notes(policy: Policy, key: str) -> list[str]:

@@ -161,9 +161,9 @@ def test_the_connection_goes_to_the_checked_address(monkeypatch):
 
 
 def test_redirects_are_bounded():
-    with Server(routes={"/loop": (302, {"Location": "/loop"}, "")}) as server:
-        with pytest.raises(EgressRefused, match="more than 3 redirects"):
-            EgressRule(allowed=("127.0.0.1/32",), max_redirects=3).get(f"http://127.0.0.1:{server.port}/loop")
+    with Server(routes={"/loop": (302, {"Location": "/loop"}, "")}) as server, \
+            pytest.raises(EgressRefused, match="more than 3 redirects"):
+        EgressRule(allowed=("127.0.0.1/32",), max_redirects=3).get(f"http://127.0.0.1:{server.port}/loop")
     assert len(server.seen) == 4
 
 
@@ -178,7 +178,7 @@ def test_the_flag_turns_the_rule_off_for_closed_networks(tmp_path, monkeypatch):
                                              egress=None)
     assert SENTINEL in (tmp_path / "results.jsonl").read_text() and len(internal.seen) == 1
     assert any("internal addresses allowed (--allow-internal-fetch)" in n for n in summary["notes"])
+    import requests
     from bfcl_eval.eval_checker.multi_turn_eval.func_source_code import web_search
 
-    import requests
     assert web_search.requests is requests  # the swap is undone
