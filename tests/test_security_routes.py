@@ -21,10 +21,12 @@ import json
 import os
 import secrets
 import stat
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import BackgroundHTTPServer
 from tests.test_security import EchoServer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,13 +38,38 @@ def _sentinel(name: str) -> str:
     return f"SENTINEL-{name}-{secrets.token_hex(8)}"
 
 
+class Recorder(BackgroundHTTPServer):
+    """Stands for a proxy on another machine: records whatever request reaches it (any method), answers 502."""
+
+    def __init__(self):
+        self.requests: list[dict] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def record(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0))).decode()
+                outer.requests.append({"line": self.requestline, "headers": dict(self.headers), "body": body})
+                self.send_response(502)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            do_GET = do_POST = do_CONNECT = record  # noqa: N815 (http.server's naming)
+
+        super().__init__(Handler)
+
+    def everything(self) -> str:
+        return json.dumps(self.requests)
+
+
 @pytest.fixture
 def proxy(monkeypatch):
-    """A recording server set as the environment's proxy; NO_PROXY lists 127.0.0.1 but not localhost (the
-    reproduction's setting)."""
+    """A recording server set as the environment's proxy (NO_PROXY as each test sets it)."""
     for name in PROXY_VARIABLES:
         monkeypatch.delenv(name, raising=False)
-    with EchoServer() as server:
+    with Recorder() as server:
         for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy"):
             monkeypatch.setenv(name, server.address)
         yield server
@@ -52,6 +79,8 @@ def proxy(monkeypatch):
 
 
 def test_an_openai_key_for_a_loopback_server_never_goes_to_a_proxy(monkeypatch, proxy):
+    """The reproduction: NO_PROXY lists 127.0.0.1 but not localhost, the policy is on localhost."""
+    from seal.eval.policies import PolicyError
     from tests.test_security import _ask
 
     key = _sentinel("mine")
@@ -59,19 +88,25 @@ def test_an_openai_key_for_a_loopback_server_never_goes_to_a_proxy(monkeypatch, 
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
     monkeypatch.setenv("no_proxy", "127.0.0.1")
     with EchoServer() as server:
-        _ask(f"openai:{server.url.replace('127.0.0.1', 'localhost')}#m", api_key_env="MY_KEY")
-    assert proxy.requests == [], "the proxy received the request (and the key)"
+        try:
+            _ask(f"openai:{server.url.replace('127.0.0.1', 'localhost')}#m", api_key_env="MY_KEY")
+        except PolicyError:
+            pass  # the proxy's 502 (the old code): the assertion below names what went wrong
+    assert key not in proxy.everything() and proxy.requests == [], "the proxy received the request (and key)"
     [request] = server.requests
     assert {k.lower(): v for k, v in request["headers"].items()}["authorization"] == f"Bearer {key}"
 
 
 def test_readiness_polls_never_use_a_proxy(proxy):
+    """The poll of τ²'s keyed vLLM server (a stand-in that answers GET with the key), no NO_PROXY at all."""
     from env_service.process import answers
 
     key = _sentinel("tau2-vllm")
-    with EchoServer() as server:
+    with Recorder() as server:
         answers(f"{server.address}/v1/models", {"Authorization": f"Bearer {key}"}, timeout=5.0)
     assert proxy.requests == [] and key not in proxy.everything()
+    [request] = server.requests
+    assert request["headers"]["Authorization"] == f"Bearer {key}"
 
 
 # --- the env token goes only to env URLs that may have it -------------------------------------------------
@@ -86,7 +121,9 @@ def _dry_run(args: list[str], tmp_path: Path, capsys) -> tuple[int, str]:
 
 
 def _recipe(tmp_path: Path, body: str) -> str:
-    """A shared recipe file: `body` over the schema's defaults."""
+    """A shared recipe file: `body` over the release defaults (`exp/defaults.yaml`, which a recipe without a
+    defaults list composes from its own folder)."""
+    (tmp_path / "defaults.yaml").write_text((REPO / "exp" / "defaults.yaml").read_text())
     path = tmp_path / "shared.yaml"
     path.write_text(body)
     return str(path)
@@ -244,7 +281,8 @@ def test_ids_and_cue_tags_are_matched_whole():
     newline, plain = requests(ServiceConfig(workers=0),
                               ("POST", "/episodes", {"task_id": TRAIN_TASK, "episode_id": "abc\n"}),
                               ("POST", "/episodes", {"task_id": TRAIN_TASK, "episode_id": "abc"}))
-    assert newline.status_code == 422 and newline.json()["error"]["code"] == "invalid_episode_id", newline.text
+    assert newline.status_code == 422, newline.status_code
+    assert newline.json()["error"]["code"] == "invalid_episode_id", newline.json()["error"]
     assert plain.status_code == 201
     with pytest.raises(ValueError, match="tag"):
         p.parse_omega({"cues": [{"tag": "state_mismatch\n", "text": "x"}]})
