@@ -4,9 +4,9 @@ The real SerpAPI is a paid web service that needs a key and the network, neither
 so its HTTP API is played by a small server on a loopback port: ``GET /search`` answers like SerpAPI's JSON API
 (``organic_results`` with title/link/snippet; 401 for a wrong key; 429 when "out of searches") and ``GET /page/N``
 serves the pages the results link to. Everything else is the real code: bfcl-eval's ``search_engine_query`` and
-``fetch_url_content`` (BeautifulSoup; the page fetched under our egress rule, which lets the
-loopback stand-in through by its test-only ``allowed`` override), google-search-results' client with our base URL and retry bound,
-BFCL's checker.
+``fetch_url_content`` (BeautifulSoup; the page fetched under our egress rule, which lets the loopback stand-in
+through by its test-only ``allowed`` override), google-search-results' client with our base URL and retry
+bound, BFCL's checker.
 """
 
 from __future__ import annotations
