@@ -88,10 +88,9 @@ def test_an_openai_key_for_a_loopback_server_never_goes_to_a_proxy(monkeypatch, 
     monkeypatch.setenv("MY_KEY", key)
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
     monkeypatch.setenv("no_proxy", "127.0.0.1")
-    with EchoServer() as server:
-        # (the old code: the proxy's 502 raised PolicyError; the assertion below names what went wrong)
-        with contextlib.suppress(PolicyError):
-            _ask(f"openai:{server.url.replace('127.0.0.1', 'localhost')}#m", api_key_env="MY_KEY")
+    # (the old code: the proxy's 502 raised PolicyError; the assertion below names what went wrong)
+    with EchoServer() as server, contextlib.suppress(PolicyError):
+        _ask(f"openai:{server.url.replace('127.0.0.1', 'localhost')}#m", api_key_env="MY_KEY")
     assert key not in proxy.everything() and proxy.requests == [], "the proxy received the request (and key)"
     [request] = server.requests
     assert {k.lower(): v for k, v in request["headers"].items()}["authorization"] == f"Bearer {key}"
