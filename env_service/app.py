@@ -240,7 +240,7 @@ def _episode_rules(req: p.CreateRequest, config: ServiceConfig) -> str:
 
 def _new_episode_id(req: p.CreateRequest, store: EpisodeStore) -> str:
     episode_id = req.episode_id or uuid.uuid4().hex
-    if not EPISODE_ID.match(episode_id):
+    if not EPISODE_ID.fullmatch(episode_id):
         raise ApiError("invalid_episode_id", "episode_id must match [A-Za-z0-9_.-]{1,128}")
     if episode_id in store:
         raise ApiError("episode_exists", f"episode {echo(episode_id)} already exists")

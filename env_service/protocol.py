@@ -102,7 +102,7 @@ MAX_CUE_TAG_CHARS = 64  # characters per cue tag
 SCHEMA_KEYS: tuple[str, ...] = ("required", "enum", "types", "hide_optional", "release_wording", "skip_revealed")
 INTERFACE_KEYS: tuple[str, ...] = ("version", "schema", "error_feedback", "cues")
 CUE_KEYS: tuple[str, ...] = ("tag", "text")
-_CUE_TAG_RE = re.compile(r"^[A-Za-z0-9_.:\-]+$")
+_CUE_TAG_RE = re.compile(r"[A-Za-z0-9_.:\-]+")  # matched whole (fullmatch): `$` would admit a final "\n"
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -170,7 +170,7 @@ class Cue:
     def _tag(cls, tag: str) -> str:
         if not tag:
             raise ValueError("must be a non-empty string")
-        if len(tag) > MAX_CUE_TAG_CHARS or not _CUE_TAG_RE.match(tag):
+        if len(tag) > MAX_CUE_TAG_CHARS or not _CUE_TAG_RE.fullmatch(tag):
             raise ValueError(f"must be at most {MAX_CUE_TAG_CHARS} characters of [A-Za-z0-9_.:-], got {tag!r}")
         return tag
 
@@ -334,7 +334,7 @@ def parse_cue(obj: Any, index: int) -> Cue:
 TOKEN_ENV = "SEAL_ENV_TOKEN"
 
 Mode = Literal["train", "eval"]
-EPISODE_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,128}$"
+EPISODE_ID_PATTERN = r"[A-Za-z0-9_.-]{1,128}"  # matched whole (fullmatch): `^...$` with match admits "id\n"
 MAX_TASK_ID_CHARS = 200  # a task id longer than this is refused (422) wherever it is sent
 ECHO_CHARS = 64  # an error message quotes at most this much of a client-sent id
 

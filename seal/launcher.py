@@ -86,6 +86,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--preflight", action="store_true",
                    help="check this node against the recipe (table; exit 1 on a FAIL); starts and writes nothing")
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--allow-token-over-http", action="store_true",
+                   help="send the env token over plain http:// to an env URL that is not loopback (it travels in "
+                        "clear: only where the network path is yours)")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.n=4 trainer.total_training_steps=2")
     return p.parse_intermixed_args(argv)  # overrides may come before or after the options
 
@@ -159,6 +162,24 @@ def untrusted_inputs(cfg: Recipe) -> str | None:
     return None
 
 
+def _overridden(overrides: list[str], key: str) -> bool:
+    """Whether a command-line override sets `key` (or the section holding it)."""
+    for item in overrides:
+        name = item.lstrip("+~").split("=", 1)[0].strip()
+        if name == key or key.startswith(f"{name}.") or name.startswith((f"{key}.", f"{key}[")):
+            return True
+    return False
+
+
+def token_refusal(cfg: Recipe, overrides: list[str], allow_http: bool) -> str | None:
+    """Why the env token must not go where the recipe sends it (`seal.rollout.client.token_route_refusal`)."""
+    from seal.rollout.client import token_route_refusal
+
+    return token_route_refusal([str(u) for u in cfg.env.urls], cfg.env.token_env,
+                               token_env_from_command_line=_overridden(overrides, "env.token_env"),
+                               urls_from_command_line=_overridden(overrides, "env.urls"), allow_http=allow_http)
+
+
 def _raise_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)  # unwinds through the finally blocks that stop the service
 
@@ -230,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"launcher: {exc}", file=sys.stderr)
         return 2
-    refused = untrusted_inputs(cfg)
+    refused = untrusted_inputs(cfg) or token_refusal(cfg, recipe_overrides, args.allow_token_over_http)
     if refused:
         print(f"launcher: {refused}", file=sys.stderr)
         return 2

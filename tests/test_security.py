@@ -374,7 +374,8 @@ def test_tau2_vllm_server_gets_a_per_run_key_and_needs_no_path(tmp_path, monkeyp
     config = tau2.Tau2Config(domains=["retail"], policy="vllm:runs/x/ckpt", out=tmp_path)
     with tau2.served_policy(config, tmp_path) as endpoint:
         key = endpoint.api_key
-        assert len(key) >= 24 and endpoint.litellm()[1]["api_key"] == key
+        assert len(key) >= 24 and endpoint.api_key == key
+        assert endpoint.litellm()[1]["api_key"] == "EMPTY"  # τ²'s command line: the key goes in its environment
         assert not any(key in part for part in commands[0])  # not on the command line every user can read
         with pytest.raises(urllib.error.HTTPError, match="401"):
             urllib.request.urlopen(f"{endpoint.api_base}/models", timeout=5)  # without the key: refused

@@ -15,6 +15,11 @@ key, where BFCL would show the model "Failed to retrieve the search results" on 
 whole category as the model's failures. (4) A request that fails (no connection, DNS, timeout) raises an error
 whose text names only the failure's kind: the request's own error text carries the URL with ``api_key`` in
 its query string, and BFCL hands ``str(e)`` to the model as the search result.
+
+``fetch_url_content`` opens whatever URL the model names with ``requests.get``. While a run is in progress the
+``requests`` name in BFCL's module stands for :class:`GuardedRequests`, whose ``get`` fetches under the egress rule
+(``seal.eval.egress``: public addresses only, every redirect checked, the connection made to the checked address);
+a refusal reaches the model as BFCL's own error text ("An error occurred while fetching ...: refused ...").
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from seal.eval.egress import PUBLIC_ONLY, EgressRule
 from seal.io_utils import file_sha256
 
 
@@ -207,16 +213,38 @@ def _bounded_client(base: type, url: str, max_attempts: int) -> type:
     return BoundedSerpApi
 
 
+class GuardedRequests:
+    """Stands for the ``requests`` module inside BFCL's web_search: ``get`` under the egress rule, the rest as is."""
+
+    def __init__(self, rule: EgressRule) -> None:
+        self.rule = rule
+
+    def get(self, url: str, *, headers: dict | None = None, timeout: float | None = 20.0,
+            allow_redirects: bool = True) -> Any:
+        if not allow_redirects:  # BFCL follows them; a new caller that does not would get a different fetch
+            raise NotImplementedError("the egress-checked fetch always follows (and checks) redirects")
+        return self.rule.get(url, headers=headers, timeout=timeout)
+
+    def __getattr__(self, name: str) -> Any:
+        import requests
+
+        return getattr(requests, name)
+
+
 @contextmanager
-def bounded_serpapi(url: str = SERPAPI_URL, max_attempts: int = SERPAPI_MAX_ATTEMPTS) -> Iterator[ModuleType]:
-    """BFCL's web_search module with the bounded SerpAPI client in place of ``GoogleSearch`` while inside."""
+def bounded_serpapi(url: str = SERPAPI_URL, max_attempts: int = SERPAPI_MAX_ATTEMPTS,
+                    egress: EgressRule | None = PUBLIC_ONLY) -> Iterator[ModuleType]:
+    """BFCL's web_search module with the bounded SerpAPI client in place of ``GoogleSearch`` and, unless `egress`
+    is None (``--allow-internal-fetch``), ``fetch_url_content`` under the egress rule, while inside."""
     if max_attempts < 1:
         raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
     importlib.import_module("env_service.bfcl")
     module = importlib.import_module(WEB_SEARCH_MODULE)
-    original = module.GoogleSearch
+    original, original_requests = module.GoogleSearch, module.requests
     module.GoogleSearch = _bounded_client(original, url, max_attempts)
+    if egress is not None:
+        module.requests = GuardedRequests(egress)
     try:
         yield module
     finally:
-        module.GoogleSearch = original
+        module.GoogleSearch, module.requests = original, original_requests

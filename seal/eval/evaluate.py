@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from env_service.process import running_service
+from env_service.protocol import TOKEN_ENV
 from env_service.rules import DEFAULT_RULES, DESCRIPTIONS, OFFICIAL, RELEASE, RULES, check_rules
 from env_service.vocab import CATEGORIES
 from seal.eval.policies import Policy, PolicyError, PolicyOptions, ground_truth_steps, parse_policy
@@ -52,7 +53,7 @@ from seal.eval.stats import Estimate, format_estimate
 from seal.eval.taubench import harness as tau2
 from seal.io_utils import input_path
 from seal.redact import guard_output
-from seal.rollout.client import EnvClient, EnvClientError
+from seal.rollout.client import EnvClient, EnvClientError, token_route_refusal
 from seal.rollout.episode import play_episode, run_all
 from seal.rollout.types import RolloutLimits
 from seal.run_dir import RunDir, hf_weights_dir, select_checkpoints
@@ -621,6 +622,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                    "(τ²-bench is the command `seal-eval tau2`)")
     p.add_argument("--memory-backends", default="kv,rec_sum,vector",
                    help="bfcl_v4_memory backends to run (default all three: BFCL's Memory is their mean)")
+    p.add_argument("--allow-internal-fetch", action="store_true", help="bfcl_v4_web_search: let the model's "
+                   "fetch_url_content reach loopback, private and link-local addresses (research on a closed "
+                   "network only; docs/evaluation.md)")
     p.add_argument("--rules", choices=list(RULES), default=DEFAULT_RULES,
                    help="rules profile of every episode: official = BFCL's own multi-turn pipeline (the number to "
                    "compare with the leaderboard and BFCL-CLI papers); release = the authors' training "
@@ -636,6 +640,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     p.add_argument("--out", type=Path, help="evaluation directory (default evals/<policy>_<split or task subset>"
                    "[_<rules>]; refused when not empty unless --resume or --overwrite)")
     p.add_argument("--env-url", help="use this env service instead of starting one")
+    p.add_argument("--allow-token-over-http", action="store_true", help="send $SEAL_ENV_TOKEN to an --env-url "
+                   "over plain http:// off loopback (in clear: only where the network path is yours)")
     p.add_argument("--concurrency", type=int, default=32, help="episodes in flight (default 32)")
     p.add_argument("--official-availability", action="store_true",
                    help="started service: held-out miss_func tools callable before their reveal (official BFCL)")
@@ -726,12 +732,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 summary = ood.run_benchmark(args.benchmark, args.policy, out, options=options, tasks=tasks,
                                             concurrency=args.concurrency, progress=not args.no_progress,
-                                            memory_backends=[b.strip() for b in args.memory_backends.split(",")])
+                                            memory_backends=[b.strip() for b in args.memory_backends.split(",")],
+                                            allow_internal_fetch=args.allow_internal_fetch)
             except ood.OodUnavailable as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 3
             print_summary(summary, out)
             return 1 if _errored(summary) else 0
+        refused = args.env_url and token_route_refusal(
+            [args.env_url], TOKEN_ENV, token_env_from_command_line=True, urls_from_command_line=True,
+            allow_http=args.allow_token_over_http)
+        if refused:
+            raise ValueError(refused)
         base = EvalRequest(policy=args.policy or "", out=args.out or _default_out(args, tasks), split=args.split,
                            tasks=tasks, env_url=args.env_url, concurrency=args.concurrency,
                            service=_service_settings(args), options=options, progress=not args.no_progress,

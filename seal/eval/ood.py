@@ -56,6 +56,7 @@ from seal.eval.bfcl_v4_backends import (
     minilm_dir,
     minilm_provenance,
 )
+from seal.eval.egress import PUBLIC_ONLY, EgressRule
 from seal.eval.policies import EMPTY_REPLY, Agent, Message, Policy, PolicyError, PolicyOptions, parse_policy
 from seal.eval.results import ood_summary, write_eval_dir
 from seal.redact import scrub
@@ -518,9 +519,11 @@ def run_bfcl_v4_memory(policy: Policy, out: Path, backends: Sequence[str] = MEMO
 def run_bfcl_v4_web_search(policy: Policy, out: Path, tasks: Sequence[str] | None = None, concurrency: int = 16,
                            progress: bool = True, executor_factory: Callable[[AgenticEntry], Any] | None = None,
                            categories: Sequence[str] = WEB_SEARCH_CATEGORIES, close_policy: bool = False,
-                           serpapi_url: str = SERPAPI_URL, max_attempts: int = SERPAPI_MAX_ATTEMPTS) -> dict:
+                           serpapi_url: str = SERPAPI_URL, max_attempts: int = SERPAPI_MAX_ATTEMPTS,
+                           egress: EgressRule | None = PUBLIC_ONLY) -> dict:
     """BFCL V4 web search through BFCL's WebSearchAPI, SerpAPI at `serpapi_url` with at most `max_attempts`
-    tries per search (``seal.eval.bfcl_v4_backends``), unless `executor_factory` supplies a search backend."""
+    tries per search (``seal.eval.bfcl_v4_backends``), unless `executor_factory` supplies a search backend.
+    Pages are fetched under `egress` (``seal.eval.egress``; None: BFCL's own unchecked fetch)."""
     entries: list[AgenticEntry] = []
     for category in categories:
         entries += web_search_entries(category)
@@ -531,8 +534,10 @@ def run_bfcl_v4_web_search(policy: Policy, out: Path, tasks: Sequence[str] | Non
         check_web_search()
         notes.append(f"search backend: BFCL's WebSearchAPI through SerpAPI at {serpapi_url}, at most "
                      f"{max_attempts} attempts per search on HTTP 429")
+        notes.append("fetch_url_content: public addresses only (the egress rule)" if egress is not None else
+                     "fetch_url_content: BFCL's own fetch, internal addresses allowed (--allow-internal-fetch)")
         try:
-            with bounded_serpapi(serpapi_url, max_attempts):
+            with bounded_serpapi(serpapi_url, max_attempts, egress):
                 records, _ = asyncio.run(_run_entries(entries, policy, concurrency, progress, make_executor,
                                                       close_policy))
         except SerpApiStopped as exc:
@@ -549,8 +554,9 @@ def run_bfcl_v4_web_search(policy: Policy, out: Path, tasks: Sequence[str] | Non
 
 def run_benchmark(benchmark: str, policy_spec: str, out: Path, *, options: PolicyOptions | None = None,
                   tasks: Sequence[str] | None = None, concurrency: int = 16, progress: bool = True,
-                  memory_backends: Sequence[str] = MEMORY_BACKENDS) -> dict:
-    """``python -m seal.evaluate --benchmark NAME``: run one OOD benchmark and write its directory."""
+                  memory_backends: Sequence[str] = MEMORY_BACKENDS, allow_internal_fetch: bool = False) -> dict:
+    """``python -m seal.evaluate --benchmark NAME``: run one OOD benchmark and write its directory.
+    `allow_internal_fetch`: web search fetches internal addresses too (``seal.eval.egress``; closed networks)."""
     if benchmark not in BENCHMARKS:
         raise ValueError(f"unknown benchmark {benchmark!r}; expected one of {BENCHMARKS}")
     if benchmark == "bfcl_v4_memory" and "vector" in memory_backends:
@@ -561,7 +567,8 @@ def run_benchmark(benchmark: str, policy_spec: str, out: Path, *, options: Polic
     policy = parse_policy(policy_spec, options)
     if benchmark == "bfcl_v4_memory":
         return run_bfcl_v4_memory(policy, out, memory_backends, tasks, concurrency, progress, close_policy=True)
-    return run_bfcl_v4_web_search(policy, out, tasks, concurrency, progress, close_policy=True)
+    return run_bfcl_v4_web_search(policy, out, tasks, concurrency, progress, close_policy=True,
+                                  egress=None if allow_internal_fetch else PUBLIC_ONLY)
 
 
 def _policy_notes(policy: Policy, key: str) -> list[str]:

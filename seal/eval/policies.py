@@ -8,7 +8,8 @@ A policy is named by a spec string (``python -m seal.evaluate --policy SPEC``):
 - ``openai:<base_url>#<model>``: any OpenAI-compatible chat-completions server (e.g. ``vllm serve``). Text-level:
   the service's messages go to the server as they are, the reply text is what the environment steps with.
   A bearer key is sent only when the user names its variable (``--api-key-env``), and never over plain http
-  to a host that is not loopback without ``--allow-key-over-http`` (:func:`openai_key`).
+  to a host that is not loopback without ``--allow-key-over-http`` (:func:`openai_key`); a loopback server is
+  reached without the environment's proxies, and credentials inside the URL are refused.
 - ``ground_truth``: harness self-check; replays each task's ground truth, one ``<tool_call>`` per step and a
   plain reply to end each turn.
 - ``empty``: harness self-check; always a plain reply (no tool call ever).
@@ -306,8 +307,12 @@ class OpenAIChat:
         self.call_deadline = call_deadline
         self.max_reply_bytes = max_reply_bytes
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}  # no key unless one is given
+        # A loopback server is reached directly, never through the environment's proxies: a proxy would receive
+        # the key (in clear, for http) although the key rule judged only the loopback host (docs/evaluation.md).
+        direct = _loopback_host(httpx.URL(base_url).host)
         self._http = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(timeout, connect=10.0),
-                                       transport=transport, limits=httpx.Limits(max_connections=512))
+                                       transport=transport, limits=httpx.Limits(max_connections=512),
+                                       trust_env=not direct)
 
     async def complete(self, messages: list[Message]) -> str:
         try:
@@ -469,7 +474,12 @@ def check_model_tokenizer(tokenizer: Any, path: str) -> None:
 def openai_key(base_url: str, options: PolicyOptions) -> str | None:
     """The bearer key an ``openai:`` policy sends: the value of the variable the user named
     (``--api-key-env``), else none. Never sent in the clear (plain ``http://``) to a host that is not loopback,
-    unless ``key_over_http`` (``--allow-key-over-http``) says so."""
+    unless ``key_over_http`` (``--allow-key-over-http``) says so. A base URL with credentials in it
+    (``user:pw@``) is refused."""
+    if httpx.URL(base_url).userinfo:
+        raise PolicyError("openai: the base URL carries credentials (user:password@host); they would be sent as "
+                          "Basic auth (in clear over http) and recorded with the policy spec in summary.json: put "
+                          "the key in an environment variable and pass --api-key-env VAR instead")
     name = options.api_key_env
     if not name:
         return None

@@ -27,6 +27,10 @@ saved), and building it runs every range and cross-key check (`Recipe.__post_ini
 invalid recipe cannot exist. `to_container` / `save_config` turn it back into plain YAML.
 
 Explicit zeros stay zeros everywhere: nothing here reads a value with `value or default`.
+
+Interpolations may not read the environment (`${oc.env:...}`, `${oc.decode:...}`; refused before resolving), and
+no resolved value may hold a known secret's value (`seal.redact`): a recipe's values go into the run
+directory's name, `config.yaml` and the wandb run.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import re
 import types
 import typing
 from collections.abc import Iterable, Mapping, Sequence
@@ -283,13 +288,47 @@ def _build(cls: type, data: Mapping[str, Any], key: str, problems: list[str]) ->
     return None
 
 
+# Resolvers a recipe may not use: `oc.env` reads any environment variable (a secret's value would land in the
+# run directory's name, config.yaml and the wandb run), `oc.decode` can build such an interpolation from parts.
+_ENV_RESOLVERS = re.compile(r"\boc\s*\.\s*(env|decode)\b")
+
+
+def _leaves(tree: Any, key: str = "") -> Iterable[tuple[str, Any]]:
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from _leaves(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(tree, list):
+        for i, v in enumerate(tree):
+            yield from _leaves(v, f"{key}[{i}]")
+    else:
+        yield key, tree
+
+
+def _secret_problems(unresolved: Any, resolved: Any) -> list[str]:
+    """Keys that read the environment (`oc.env`, `oc.decode`), or whose resolved value holds a secret's value
+    (``seal.redact``: what the project knows as secrets), wherever they were set."""
+    from seal.redact import scrub
+
+    problems = [f"{key}: {value!r} reads the environment; recipes may not (it would put a variable's value, a "
+                "secret's too, into the run's name, config.yaml and wandb): write the value itself"
+                for key, value in _leaves(unresolved) if isinstance(value, str) and _ENV_RESOLVERS.search(value)]
+    return problems + [f"{key}: its value holds a secret's value ({scrub(value)}); refused: it would be written "
+                       "to the run directory and wandb" for key, value in _leaves(resolved)
+                       if isinstance(value, str) and scrub(value) != value]
+
+
 def _to_recipe(cfg: DictConfig, problems: list[str]) -> Recipe:
+    unresolved = OmegaConf.to_container(cfg, resolve=False)
+    secret = _secret_problems(unresolved, {})
+    if secret:  # refused before resolving: resolving would read the variables
+        raise ConfigError.listing([*problems, *secret])
     try:
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as exc:
         raise ConfigError.listing([*problems, f"cannot resolve interpolations: {str(exc).splitlines()[0]}"]) from exc
     data = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(data, dict)
+    problems += _secret_problems({}, data)
     problems += knob_problems(Recipe, data)  # every knob of the tree, at once
     values, built = _values(Recipe, data, "", problems)
     if built and not problems:

@@ -66,6 +66,46 @@ def export_token(variable: str) -> None:
         os.environ[p.TOKEN_ENV] = os.environ[variable]
 
 
+def loopback_url(url: str) -> bool:
+    """Whether `url`'s host is this machine's loopback (``localhost`` or a loopback address)."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def token_route_refusal(urls: list[str], token_env: str, *, token_env_from_command_line: bool,
+                        urls_from_command_line: bool, allow_http: bool) -> str | None:
+    """Why the env token must not go to `urls`, or None (docs/env_service.md "Who may have the token").
+
+    A shared recipe file must not be able to route a secret: a `token_env` other than ``SEAL_ENV_TOKEN``, and
+    a token sent to an env URL off this machine, are accepted from the command line only (a list of secret
+    variable names would never be complete). Over plain ``http://`` off this machine the token travels in
+    clear: that also needs `allow_http` (``--allow-token-over-http``)."""
+    if token_env != p.TOKEN_ENV and not token_env_from_command_line:
+        return (f"env.token_env={token_env} comes from a recipe file: a recipe may only use {p.TOKEN_ENV}, as a "
+                f"variable named there would be sent as the env token; name it on the command line "
+                f"(env.token_env={token_env}) if you mean it")
+    token = os.environ.get(token_env) or os.environ.get(p.TOKEN_ENV)
+    remote = [u for u in urls if not loopback_url(u)]
+    if not token or not remote:
+        return None
+    if not urls_from_command_line:
+        return (f"env.urls from a recipe file would send the env token (${token_env}) to {remote[0]}, off this "
+                "machine: give env.urls on the command line if that service may have it")
+    clear = [u for u in remote if not u.lower().startswith("https://")]
+    if clear and not allow_http:
+        return (f"the env token (${token_env}) would travel in clear over plain http to {clear[0]}: use https://, "
+                "or pass --allow-token-over-http if the network path is yours")
+    return None
+
+
 class EnvClientError(Exception):
     """The service refused a request (4xx). Never retried: the same request would fail again."""
 

@@ -4,8 +4,9 @@ The real SerpAPI is a paid web service that needs a key and the network, neither
 so its HTTP API is played by a small server on a loopback port: ``GET /search`` answers like SerpAPI's JSON API
 (``organic_results`` with title/link/snippet; 401 for a wrong key; 429 when "out of searches") and ``GET /page/N``
 serves the pages the results link to. Everything else is the real code: bfcl-eval's ``search_engine_query`` and
-``fetch_url_content`` (requests, BeautifulSoup), google-search-results' client with our base URL and retry bound,
-BFCL's checker.
+``fetch_url_content`` (BeautifulSoup; the page fetched under our egress rule, which lets the loopback stand-in
+through by its test-only ``allowed`` override), google-search-results' client with our base URL and retry
+bound, BFCL's checker.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 
 from seal.eval import bfcl_v4_backends as backends
 from seal.eval import ood
+from seal.eval.egress import EgressRule
 from seal.eval.policies import Policy
 from tests.helpers import BackgroundHTTPServer
 
@@ -105,7 +107,8 @@ def test_web_search_runs_through_bfcl_and_serpapi_client_against_a_stand_in(tmp_
     policy = Policy("test:researcher", "text", researcher(queries))
     with StandIn(pages) as stand_in:
         summary = ood.run_bfcl_v4_web_search(policy, tmp_path, tasks=[base.id, no_snippet.id], progress=False,
-                                             serpapi_url=stand_in.url, max_attempts=2)
+                                             serpapi_url=stand_in.url, max_attempts=2,
+                                             egress=EgressRule(allowed=("127.0.0.1/32",)))  # pages: loopback
     records = {r["task_id"]: r for r in map(json.loads, (tmp_path / "results.jsonl").read_text().splitlines())}
     assert records[base.id]["accuracy"] == 1 and records[no_snippet.id]["accuracy"] == 0
     assert records[base.id]["num_model_calls"] == 3  # search, fetch, answer

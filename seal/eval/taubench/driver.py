@@ -11,7 +11,9 @@ What it does:
    commit where pip recorded one, or the source checkout's ``HEAD``) and the task set (sha256 and git blob id of
    the domain's ``tasks.json`` and ``split_tasks.json`` under τ²'s data directory);
 2. runs ``tau2 run`` (τ²'s own CLI, both flavours: their ``--save-to`` conventions differ) with the agent and user
-   simulator as LiteLLM models and arguments;
+   simulator as LiteLLM models and arguments; the agent server's key (a served checkpoint's per-run key) comes in
+   ``$SEAL_TAU2_AGENT_KEY`` and is put into the agent's arguments inside τ²'s process (``CLI_WITH_KEY``), so it is
+   on no command line; files are created owner-only (umask 077), as τ²'s results file records those arguments;
 3. loads the saved results with τ²'s ``Results`` model and scores them with τ²'s ``compute_metrics`` (pass^k), and
    writes every simulation's task, trial, reward, termination reason and messages to REPORT.json.
 """
@@ -21,11 +23,26 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata as metadata
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 TASK_FILES = ("tasks.json", "split_tasks.json")
+AGENT_KEY_ENV = "SEAL_TAU2_AGENT_KEY"  # the agent server's key: given in the environment, never on a command line
+# `python -m tau2.cli ARGS` with the agent's key put into its --agent-llm-args inside the process: the command line
+# (readable by every local user in the process table) holds the arguments without it.
+CLI_WITH_KEY = """
+import json, os, runpy, sys
+args = sys.argv[1:]
+key = os.environ.pop("SEAL_TAU2_AGENT_KEY", None)
+if key:
+    i = args.index("--agent-llm-args") + 1
+    args[i] = json.dumps({**json.loads(args[i]), "api_key": key})
+sys.argv = ["tau2", *args]
+runpy.run_module("tau2.cli", run_name="__main__", alter_sys=True)
+"""
+assert AGENT_KEY_ENV in CLI_WITH_KEY
 # termination reasons τ²'s metrics exclude from pass^k (upstream 1.0: simulations that never ran)
 INFRASTRUCTURE_ERRORS = ("infrastructure_error",)
 
@@ -86,7 +103,7 @@ def run_cli(request: dict, package: str) -> Path:
     out = Path(request["work_dir"]).resolve()
     out.mkdir(parents=True, exist_ok=True)
     name = request["run_name"]
-    argv = [sys.executable, "-m", "tau2.cli", "run", "--domain", request["domain"],
+    argv = [sys.executable, "-c", CLI_WITH_KEY, "run", "--domain", request["domain"],
             "--num-trials", str(request["num_trials"]), "--seed", str(request["seed"]),
             "--task-split-name", request["task_split"],
             "--agent-llm", request["agent_llm"], "--agent-llm-args", json.dumps(request["agent_llm_args"]),
@@ -136,6 +153,7 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: driver.py REQUEST.json REPORT.json", file=sys.stderr)
         return 2
+    os.umask(0o077)  # what τ² writes records the agent's arguments, its key included: owner-only files
     request = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
     report = {"identity": identify(request["domain"])}
     if not request.get("identify_only"):

@@ -37,6 +37,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from env_service.process import ServiceStartError, free_port, running_child
 from seal.eval.results import AVERAGE, write_eval_dir
@@ -170,18 +171,18 @@ class Endpoint:
     model: str  # as the server names it
     api_base: str | None = None  # None: OpenAI's own API (key from OPENAI_API_KEY)
     temperature: float = 0.0
-    api_key: str = "EMPTY"  # custom servers: the key they require (a served checkpoint's per-run key)
+    api_key: str | None = None  # a key the server requires (a served checkpoint's per-run key); never in argv
 
     def litellm(self) -> tuple[str, dict[str, Any]]:
         """τ²'s ``--*-llm`` and ``--*-llm-args``. Custom servers get LiteLLM's OpenAI provider and a placeholder
-        key (LiteLLM insists on one; servers without a key ignore it), or the per-run key of a checkpoint this
-        command serves (:func:`served_policy`; τ²'s results file records it, and it opens nothing once the run's
-        loopback server is stopped); OpenAI itself gets the key from the environment, so no lasting secret lands
-        in τ²'s results file, which records these arguments."""
+        key (LiteLLM insists on one; servers without a key ignore it). A real key (`api_key`, the per-run key of
+        a checkpoint this command serves, :func:`served_policy`) is not among these arguments, which are τ²'s
+        command line: the driver gets it in its environment (``driver.AGENT_KEY_ENV``) and puts it in inside τ²'s
+        process. OpenAI itself gets its key from the environment too."""
         args: dict[str, Any] = {"temperature": self.temperature}
         if self.api_base is None:
             return self.model, args
-        return f"openai/{self.model}", {**args, "api_base": self.api_base, "api_key": self.api_key}
+        return f"openai/{self.model}", {**args, "api_base": self.api_base, "api_key": "EMPTY"}
 
     def record(self) -> dict[str, Any]:
         return {"model": self.model, "api_base": self.api_base, "temperature": self.temperature}
@@ -220,6 +221,9 @@ def parse_endpoint_policy(spec: str, temperature: float) -> Endpoint:
     if kind != "openai" or not sep or not model or not base_url.startswith(("http://", "https://")):
         raise Tau2Unavailable(f"τ² needs the policy as an OpenAI-compatible endpoint: openai:<base_url>#<model> "
                               f"or vllm:<checkpoint>, got {spec!r}")
+    if "@" in urlsplit(base_url).netloc:
+        raise Tau2Unavailable("the policy's base URL carries credentials (user:password@host); τ²'s results file "
+                              "and our summary record the URL: serve the policy without them")
     return Endpoint(model, base_url.rstrip("/"), temperature)
 
 
@@ -280,14 +284,26 @@ def served_policy(config: Tau2Config, log_dir: Path) -> Iterator[Endpoint]:
 # --- running ---------------------------------------------------------------------------------------------
 
 
-def _run_driver(python: Path, request: dict, work: Path, name: str) -> dict:
+def _owner_only(path: Path) -> Path:
+    """`path` created (or truncated) empty with mode 0600: files that record τ²'s arguments are the user's own."""
+    path.unlink(missing_ok=True)  # an existing file keeps its mode; a new one gets 0600 from its creation on
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    return path
+
+
+def _run_driver(python: Path, request: dict, work: Path, name: str, agent_key: str | None = None) -> dict:
+    """Run the driver on `request`; `agent_key`, the agent server's key, goes in its environment only."""
+    from seal.eval.taubench.driver import AGENT_KEY_ENV
+
     work = work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     request_file, report_file = work / f"{name}_request.json", work / f"{name}_report.json"
-    request_file.write_text(json.dumps(request, indent=1), encoding="utf-8")
+    _owner_only(request_file).write_text(json.dumps(request, indent=1), encoding="utf-8")
     report_file.unlink(missing_ok=True)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # τ²'s environment, not ours
-    with open(work / f"{name}.log", "w", encoding="utf-8") as log:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", AGENT_KEY_ENV)}  # τ²'s, not ours
+    if agent_key:
+        env[AGENT_KEY_ENV] = agent_key
+    with open(_owner_only(work / f"{name}.log"), "w", encoding="utf-8") as log:
         # run as a script: its folder (seal/eval/taubench) leads sys.path, and no module there is named like τ²'s
         done = subprocess.run([str(python), str(DRIVER), str(request_file), str(report_file)], cwd=work,
                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
@@ -371,7 +387,7 @@ def run_tau2(config: Tau2Config) -> dict[str, Any]:
                        "user_llm": user_llm, "user_llm_args": user_args, "max_concurrency": config.max_concurrency,
                        "num_tasks": config.num_tasks, "task_ids": list(config.task_ids or []),
                        "work_dir": str((work / domain).resolve()), "run_name": domain}
-            report = _run_driver(python, request, work, domain)
+            report = _run_driver(python, request, work, domain, agent_key=agent.api_key)
             identity = report["identity"]
             mine = domain_records(domain, report)
             value, _, n = pass_hat_1(mine)
