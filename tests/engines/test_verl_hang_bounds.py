@@ -136,8 +136,8 @@ def test_device_left_in_the_shell_reaches_neither_launcher_nor_workers(monkeypat
     launcher_env = {k: os.environ.get(k) for k in shell}
     assert all(v in (None, "cuda") for v in launcher_env.values()), launcher_env
 
-    # The workers: what they inherit (the shell's) under what the cuda runtime env sets, as Ray applies it.
-    runtime_env = launch.plugin_env_vars("cuda")
+    # The workers: what they inherit (the shell's) under what the run's runtime env sets, as Ray applies it.
+    runtime_env = dict(launch.build_verl_config(cfg, tmp_path / "cfg").ray_kwargs.ray_init.runtime_env.env_vars)
     assert {k: runtime_env.get(k) for k in shell} == {"SEAL_VERL_DEVICE": "cuda", "VLLM_TARGET_DEVICE": "cuda"}
     worker = _last_json(_child(PLUGIN_IMPORT, {**shell, **runtime_env}, timeout=300))
     assert worker == {"cpu_path": False, "env": {"SEAL_VERL_DEVICE": "cuda", "VLLM_TARGET_DEVICE": "cuda"}}

@@ -4,7 +4,8 @@ verl 0.9.1 reserves its resource pool (`RayResourcePool.get_placement_groups`: o
 and TransferQueue 0.1.11 its storage units (`transfer_queue.utils.common.get_placement_group`: one {CPU: 1}
 bundle per unit) with `ray.get(pg.ready())` and no timeout, inside the TaskRunner actor; the launcher waits on
 that actor with `ray.get` and no timeout either. When Ray has fewer CPUs or GPUs than the bundles ask for, the
-run waits forever and prints nothing (reproduced with `ray.init(num_cpus=6)`: still waiting after 45 s).
+run waits forever and prints nothing (measured: a {CPU: 3} + {CPU: 1} group on a local Ray cluster of 2 CPUs was
+still pending, silently, when the test's 90 s guard ended it).
 
 `PlacementWatch` is a thread in the launcher's process, around verl's entry (`seal.engines.verl.launch.train`).
 Once Ray is up in this process it reads Ray's placement-group table every `POLL_S` seconds (only Ray's public
@@ -133,6 +134,9 @@ class PlacementWatch:
         self._table_failed = False
 
     def __enter__(self) -> Self:
+        if self.interrupt is _thread.interrupt_main and threading.current_thread() is not threading.main_thread():
+            # The interrupt reaches the main thread only: from another one the wait past the bound would go on.
+            raise RuntimeError("PlacementWatch stops the main thread's wait: enter it in the main thread")
         self._thread.start()
         return self
 
