@@ -69,23 +69,34 @@ SENDER = """
     import torch
     from verl.workers.rollout.vllm_rollout import bucketed_weight_transfer as transfer
 
-    errors = []
-    # CUDA IPC needs a GPU; the /dev/shm handshake goes through the same REQ socket waits.
-    sender = transfer.BucketedWeightSender(zmq_handle=f"ipc:///tmp/seal-test-nobody-{uuid.uuid4().hex}.sock",
-                                           bucket_size_mb=1, use_shm=True)
+    import zmq
 
-    def send():
-        try:
-            asyncio.run(sender.async_send_weights(iter([("w", torch.zeros(4))])))
-        except BaseException as exc:
-            errors.append(exc)
+    def send(handle):
+        # verl's sender towards `handle`: its error, or "hung" when it still waits after 60 s (the bound under
+        # test is 2 s). CUDA IPC needs a GPU; the /dev/shm handshake goes through the same REQ socket waits.
+        errors = []
+        sender = transfer.BucketedWeightSender(zmq_handle=handle, bucket_size_mb=1, use_shm=True)
 
-    thread = threading.Thread(target=send, daemon=True)
-    thread.start()
-    thread.join(timeout=60)  # the bound under test is 2 s
-    print(json.dumps({"hung": thread.is_alive(), "cpu_patched": cpu_patches._cpu_patched,
-                      "plugin": "seal.engines.verl.plugin" in sys.modules,
-                      "errors": [(type(e).__name__, str(e)) for e in errors]}))
+        def run():
+            try:
+                asyncio.run(sender.async_send_weights(iter([("w", torch.zeros(4))])))
+            except BaseException as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        thread.join(timeout=60)
+        return "hung" if thread.is_alive() else [(type(e).__name__, str(e)) for e in errors]
+
+    # A vLLM worker that never connects (it died before the sync) ...
+    nobody = send(f"ipc:///tmp/seal-test-nobody-{uuid.uuid4().hex}.sock")
+    # ... and one that takes the handshake and then never answers (it died loading the weights).
+    handle = f"ipc:///tmp/seal-test-silent-{uuid.uuid4().hex}.sock"
+    receiver = zmq.Context.instance().socket(zmq.REP)
+    threading.Thread(target=lambda: (receiver.connect(handle), receiver.recv_pyobj()), daemon=True).start()
+    silent = send(handle)
+    print(json.dumps({"nobody": nobody, "silent": silent, "cpu_patched": cpu_patches._cpu_patched,
+                      "plugin": "seal.engines.verl.plugin" in sys.modules}))
     sys.stdout.flush()
     import os; os._exit(0)  # a hung sender thread would keep the interpreter alive
 """
@@ -101,12 +112,13 @@ def test_weight_sender_waits_are_bounded_on_a_cuda_run():
     env = {**plugin_env_vars("cuda"), WEIGHT_SYNC_TIMEOUT_ENV: "2", "OMP_NUM_THREADS": "1"}
     got = _last_json(_child(SENDER, env, timeout=300))
     assert got["plugin"] and got["cpu_patched"] is False, got  # a cuda run's process: no CPU path
-    assert not got["hung"], "the weight sender still waited after 60 s: its wait is unbounded on this device"
-    ((kind, message),) = got["errors"]
-    assert kind == "WeightSyncError", got
-    # The error names the peer it waited for, how long, and the knob that sets the bound.
-    assert "ipc:///tmp/seal-test-nobody-" in message and "within 2 s" in message, message
-    assert WEIGHT_SYNC_TIMEOUT_ENV in message, message
+    for case, peer, what in (("nobody", "ipc:///tmp/seal-test-nobody-", "did not connect to take weights"),
+                             ("silent", "ipc:///tmp/seal-test-silent-", "acknowledged no weight bucket")):
+        assert got[case] != "hung", f"{case}: the weight sender still waited after 60 s: unbounded on this device"
+        ((kind, message),) = got[case]
+        assert kind == "WeightSyncError", got
+        # The error names the peer it waited for, what for, how long, and the knob that sets the bound.
+        assert peer in message and f"{what} within 2 s" in message and WEIGHT_SYNC_TIMEOUT_ENV in message, message
     assert not {n for n in shm_leftovers(before) if n.startswith("verl_weights_")}
 
 
