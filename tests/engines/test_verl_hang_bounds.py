@@ -205,3 +205,33 @@ def test_a_placement_group_ray_cannot_place_stops_the_wait_with_an_error():
     assert "CPU: the pending groups ask 4, Ray has 2 (2 free)" in message, message
     assert PLACEMENT_TIMEOUT_ENV in message and "verl.ray_kwargs.ray_init.num_cpus" in message, message
     assert shm_leftovers(before) == set()
+
+
+# --------------------------------------------------------------------------- the knobs, and the run's own groups
+def test_the_bounds_take_a_positive_number_of_seconds_or_refuse(monkeypatch):
+    from seal.engines.verl import placement_watch as pw
+    from seal.engines.verl import sync_bound as sb
+
+    for read, env, default in ((sb.weight_sync_timeout_s, sb.WEIGHT_SYNC_TIMEOUT_ENV, sb.WEIGHT_SYNC_ACK_TIMEOUT_S),
+                               (pw.placement_timeout_s, pw.PLACEMENT_TIMEOUT_ENV, pw.PLACEMENT_TIMEOUT_S)):
+        monkeypatch.delenv(env, raising=False)
+        assert read() == default
+        monkeypatch.setenv(env, "90")
+        assert read() == 90.0
+        for bad in ("0", "-5", "ten", "nan"):
+            monkeypatch.setenv(env, bad)
+            with pytest.raises(ValueError, match=env):
+                read()
+
+
+def test_the_watch_counts_only_the_groups_of_the_runs_own_job():
+    from seal.engines.verl.placement_watch import _job_groups, describe_group
+
+    # Ray's IDs: 14 unique bytes, then the creating job's 4 (as in the real table the placement test reads).
+    ours, theirs = "ab" * 14 + "01000000", "cd" * 14 + "02000000"
+    entry = {"placement_group_id": ours, "name": "", "strategy": "SPREAD", "state": "PENDING",
+             "bundles": {0: {"CPU": 1.0}, 1: {"CPU": 1.0}}, "stats": {"scheduling_state": "QUEUED"}}
+    table = {ours: entry, theirs: {**entry, "placement_group_id": theirs}}
+    assert list(_job_groups(table, "01000000")) == [ours]
+    assert describe_group(entry, 12.4) == (f"unnamed group {ours[:12]} (SPREAD, Ray: QUEUED): 2 bundle(s) "
+                                           "2 x {CPU: 1}, pending 12 s")
