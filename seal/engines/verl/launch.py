@@ -95,9 +95,31 @@ QUIET_WARNINGS = tuple(f"ignore:{name} engine is not available:UserWarning"
                        for name in ("torchtitan", "veomni", "automodel", "mindspeed", "megatron"))
 
 
+# The variables that pick a process's device: our plugin's (`seal.engines.verl.plugin.DEVICE_ENV`: "cpu" installs
+# the CPU path) and vLLM's platform choice. The plugin's is spelled here rather than imported: importing the plugin
+# while a leftover "cpu" is set would install the CPU path in this process, which is what `drop_device_env` prevents.
+PLUGIN_DEVICE_ENV = "SEAL_VERL_DEVICE"
+VLLM_DEVICE_ENV = "VLLM_TARGET_DEVICE"
+DEVICE_ENV_VARS = (PLUGIN_DEVICE_ENV, VLLM_DEVICE_ENV)
+
+
+def drop_device_env() -> dict[str, str]:
+    """Remove `DEVICE_ENV_VARS` from this process's environment (returned, as they were), before verl, our plugin
+    or Ray is imported or started: the run's device is the recipe's `trainer.device`, and a value left in the
+    user's shell (say `SEAL_VERL_DEVICE=cpu` from a CPU run) would make the plugin install the CPU platform in the
+    launcher and, through the environment Ray's processes inherit, in every worker of a GPU run. A Ray runtime env
+    can set a variable but not unset one, so `plugin_env_vars` sets both for every device."""
+    dropped = {name: os.environ.pop(name) for name in DEVICE_ENV_VARS if name in os.environ}
+    if dropped:
+        log.info("dropped %s from the launcher's environment: the run's device comes from trainer.device",
+                 ", ".join(f"{k}={v}" for k, v in dropped.items()))
+    return dropped
+
+
 def plugin_env_vars(device: str = "cuda") -> dict[str, str]:
-    """Environment for every Ray process: load our plugin, find our packages;
-    on the CPU path the plugin also installs `cpu_patches` (`SEAL_VERL_DEVICE=cpu`)."""
+    """Environment for every Ray process: load our plugin, find our packages, and the device (`DEVICE_ENV_VARS`,
+    set for every device: a runtime env cannot unset what a worker inherits); on the CPU path the plugin also
+    installs `cpu_patches` (`SEAL_VERL_DEVICE=cpu`)."""
     repo = str(C.REPO_ROOT)
     modules = [m for m in os.environ.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m]
     if PLUGIN_MODULE not in modules:
@@ -108,11 +130,10 @@ def plugin_env_vars(device: str = "cuda") -> dict[str, str]:
         "PYTHONPATH": os.pathsep.join([repo, *[p for p in path if p != repo]]),
         "PYTHONWARNINGS": ",".join([*filter(None, os.environ.get("PYTHONWARNINGS", "").split(",")),
                                     *QUIET_WARNINGS]),
+        PLUGIN_DEVICE_ENV: device,
+        VLLM_DEVICE_ENV: device,  # vLLM's own default is "cuda"; "cpu" selects its CPU platform
     }
     if device == "cpu":
-        from seal.engines.verl.plugin import DEVICE_ENV
-
-        env[DEVICE_ENV] = "cpu"
         env["TOKENIZERS_PARALLELISM"] = "false"
     return env
 
@@ -273,6 +294,7 @@ def train(cfg: C.Recipe, run_dir: str | os.PathLike[str], overrides: Sequence[st
     """Train the recipe with verl; metrics.jsonl, checkpoints and verl_config.yaml land in `run_dir`."""
     if cfg.engine != "verl":
         raise ValueError(f"seal.engines.verl.launch.train needs engine: verl, the recipe says {cfg.engine!r}")
+    drop_device_env()  # first: before verl (and with it our plugin) is imported in this process
     if cfg.trainer.device == "cuda":
         check_gpus(cfg)
     check_env_services(list(cfg.env.urls))
@@ -304,6 +326,7 @@ def train(cfg: C.Recipe, run_dir: str | os.PathLike[str], overrides: Sequence[st
     run.root.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(verl_cfg, run.verl_config_file)
     from seal.engines.verl.cleanup import RunSegments, mark_run, reap_run_processes, remove_orphaned_shm, shm_segments
+    from seal.engines.verl.placement_watch import PlacementWatch
 
     own_cluster = OmegaConf.select(verl_cfg, "ray_kwargs.ray_init.address") == "local"
     marker = mark_run()  # before Ray starts: every process of the run inherits it
@@ -312,7 +335,8 @@ def train(cfg: C.Recipe, run_dir: str | os.PathLike[str], overrides: Sequence[st
     if own_cluster:
         loopback_ray_node()  # a cluster of this run's own: Ray and the vLLM servers (no API key) on 127.0.0.1
     try:
-        with segments:
+        # The watch bounds the placement-group waits inside verl and TransferQueue (seal.engines.verl.placement_watch).
+        with segments, PlacementWatch():
             run_ppo(verl_cfg, task_runner_class=TaskRunnerV1)
     except Exception as exc:
         died = dead_actors()  # before Ray shuts down: the cause the error verl raises last only follows from

@@ -4,7 +4,10 @@
 `VERL_USE_EXTERNAL_MODULES`). It registers with verl
 
 - the agent loop `seal_bfcl` (`seal.engines.verl.agent_loop.SealBfclAgentLoop`), and
-- the trainer mode `seal` (`seal.engines.verl.trainer.SealTrainer`, `trainer.v1.trainer_mode=seal`).
+- the trainer mode `seal` (`seal.engines.verl.trainer.SealTrainer`, `trainer.v1.trainer_mode=seal`);
+
+and, on every device, bounds the waits of verl's weight sync into vLLM (`seal.engines.verl.sync_bound`, once
+verl's bucketed weight transfer is imported: in the FSDP workers, which send the weights).
 
 It must be cheap and safe everywhere: it is loaded while `verl/__init__` is still running, in vLLM
 and FSDP worker processes that never need our classes, and on machines without vLLM. So it imports
@@ -14,7 +17,8 @@ importing in a process, the module registering our class is imported right away,
 continues. If a package is already imported when the plugin loads, registration happens at once.
 Failures are logged as warnings (verl swallows plugin exceptions at debug level).
 
-With `SEAL_VERL_DEVICE=cpu` (set for every Ray process of a `trainer.device: cpu` run) it also installs
+With `SEAL_VERL_DEVICE=cpu` (set for every Ray process of a `trainer.device: cpu` run; a `cuda` run sets it to
+`cuda`, so a value left in the user's shell never reaches its workers) it also installs
 `seal.engines.verl.cpu_patches.install_cpu_patches` at once: that path imports verl's packages, which is why
 it is not the default; and it hooks `CPU_HOOKS` (the vLLM weight-sync patch of `cpu_patches`, run once verl's
 vLLM utilities are imported, in vLLM's engine process too).
@@ -38,6 +42,8 @@ log = logging.getLogger(__name__)
 HOOKS: dict[str, str] = {
     "verl.experimental.agent_loop": "seal.engines.verl.agent_loop",
     "verl.trainer.ppo.v1": "seal.engines.verl.trainer",
+    # Not a registration: the sender's bounded waits, on every device (imports zmq and the module, nothing else).
+    "verl.workers.rollout.vllm_rollout.bucketed_weight_transfer": "seal.engines.verl.sync_bound:bound_weight_sync",
 }
 
 _lock = threading.RLock()
@@ -95,7 +101,9 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
 
 
 _FINDER = _PostImportFinder()
-DEVICE_ENV = "SEAL_VERL_DEVICE"  # "cpu": this process runs verl's GPU workers on CPU (exp/tiny_verl_cpu.yaml)
+# "cpu": this process runs verl's GPU workers on CPU (exp/tiny_verl_cpu.yaml); anything else (the launcher sets
+# "cuda"): nothing more. `seal.engines.verl.launch.PLUGIN_DEVICE_ENV` names the same variable.
+DEVICE_ENV = "SEAL_VERL_DEVICE"
 
 
 # CPU path only: verl module -> the `cpu_patches` function that patches it once it is imported (it imports
