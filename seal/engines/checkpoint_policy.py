@@ -134,9 +134,10 @@ class SaveSigner:
     """Signs each verl save in a background thread, then publishes it (`step_N` link, `latest.json`) and prunes.
 
     `saved(step)` after verl (and `seal_state.json`) wrote the step; `join()` before anything that needs the
-    save signed (the next save, `best.json`); `finish()` at the end of the run. An error in the thread is raised
-    by the next `join()`: a save that could not be signed stops the run. With `check` (`SEAL_CHECK_RUN_REFERENCES
-    =1`) every save is joined at once and :func:`check_run_references` must find nothing."""
+    save signed (the next save, `best.json`); `settle()` when the best moved and at the end of the run. An error
+    in the thread is raised by the next `join()`: a save that could not be signed stops the run. With `check`
+    (`SEAL_CHECK_RUN_REFERENCES=1`) every save is joined at once and :func:`check_run_references` must find
+    nothing."""
 
     def __init__(self, checkpoints: Checkpoints, keep: int, check: bool | None = None):
         to_prune([], keep, None)  # the knob's range, at once
@@ -198,8 +199,9 @@ class SaveSigner:
             raise RuntimeError(f"signing or publishing the save of step {self._step} ({folder}) failed: "
                                f"{error!r}; it stays unsigned and resume skips it") from error
 
-    def finish(self) -> None:
-        """End of the run: the last save signed, and the policy applied again (the best may have moved)."""
+    def settle(self) -> None:
+        """The last save signed, then the policy applied again: when the best moved (its old step is pruned now)
+        and at the end of the run."""
         self.join()
         prune_verl(self.checkpoints, self.keep)
 

@@ -336,7 +336,7 @@ class TrainerAdapter(PPOTrainerSync):
         except BaseException:
             self.saves.join(quiet=True)  # the last save signed if it can be; the run's own error is raised
             raise
-        self.saves.finish()
+        self.saves.settle()
 
     def _compute_advantage(self, batch: Any, metrics: dict) -> Any:
         keys, partition = list(batch.keys), batch.partition_id

@@ -143,6 +143,8 @@ class SealTrainer(TrainerAdapter):
             path = Checkpoints.ref(step)
         self.best = best_record(step, path, key, value)
         self.checkpoints.write_best(self.best)
+        if step > 0:
+            self.saves.settle()  # the former best is no longer kept whole (checkpoint policy)
 
     # ================================================================== checkpoints and metrics
     def checkpoint_saved(self, step: int, checkpoints: Checkpoints) -> None:
