@@ -270,7 +270,7 @@ def test_verl_checkpoints_resume_only_when_signed_by_this_user(tmp_path, monkeyp
     (folder / "data.pt").write_bytes(b"crafted")
     with pytest.raises(ct.UntrustedCheckpoint, match=r"changed \['data.pt'\]"):
         ct.check_checkpoint(folder, trust=False)
-    ct.write_manifest(folder, "run", 3)
+    ct.write_manifest(folder, tmp_path / "run", 3)
     (folder / "actor" / "extra_state.pt").write_bytes(b"x")
     with pytest.raises(ct.UntrustedCheckpoint, match="added"):
         ct.check_checkpoint(folder, trust=False)

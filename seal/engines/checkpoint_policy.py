@@ -62,6 +62,18 @@ def to_prune(full_steps: Iterable[int], keep: int, best: int | None) -> list[int
     return [s for s in steps if s not in protected]
 
 
+def disk_plan(saves: int, keep: int, full_bytes: float, hf_bytes: float) -> dict[str, float]:
+    """Bytes of a run's saves under the policy, planning for a best that is not among the newest `keep`: `peak`,
+    during the last save (the newest `keep` before it, the best and the new save full; the policy prunes once the
+    new one is signed), and `end`. `full_bytes`: one full save; `hf_bytes`: its HF export (what a pruned save
+    keeps)."""
+    to_prune([], keep, None)
+    full_peak, full_end = min(saves, keep + 2), min(saves, keep + 1)
+    return {"peak": full_peak * full_bytes + (saves - full_peak) * hf_bytes,
+            "end": full_end * full_bytes + (saves - full_end) * hf_bytes,
+            "full_saves_peak": float(full_peak), "full_saves_end": float(full_end)}
+
+
 def best_step(checkpoints: Checkpoints) -> int | None:
     """The step `best.json` names (None without one, or when it names the base model at step 0)."""
     best = checkpoints.read_best()

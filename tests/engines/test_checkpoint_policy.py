@@ -282,3 +282,20 @@ def test_to_prune_keeps_the_newest_k_and_the_best():
     assert P.to_prune([10, 20, 30], 2, 30) == [10]
     with pytest.raises(ValueError, match="at least 1"):
         P.to_prune([1], 0, None)
+
+
+def test_disk_plan_of_the_7b_recipe_under_the_default_policy():
+    """exp/SEAL.yaml: 72 steps, save_freq 10 -> saves at 10, 20, ..., 70 and the last step: 8. A full 7B save is
+    107-122 GB (FSDP fp32 shards ~30, AdamW ~61, HF export 15 in bf16 to 30 in fp32). Default K = 2."""
+    from seal.recipe import load_config
+
+    cfg = load_config("exp/SEAL.yaml")
+    steps = 72
+    saves = len({*range(cfg.trainer.save_freq, steps + 1, cfg.trainer.save_freq), steps})
+    assert saves == 8 and cfg.trainer.keep_full_checkpoints == 2
+    low = P.disk_plan(saves, cfg.trainer.keep_full_checkpoints, 107e9, 15e9)
+    high = P.disk_plan(saves, cfg.trainer.keep_full_checkpoints, 122e9, 30e9)
+    assert (low["peak"], high["peak"]) == (488e9, 608e9)  # 4 full + 4 HF exports, during the last save
+    assert (low["end"], high["end"]) == (396e9, 516e9)  # 3 full + 5 HF exports
+    assert (saves * 107e9, saves * 122e9) == (856e9, 976e9)  # every save kept whole (before the policy)
+    assert P.disk_plan(2, 1, 10.0, 1.0) == {"peak": 20.0, "end": 20.0, "full_saves_peak": 2.0, "full_saves_end": 2.0}

@@ -103,6 +103,10 @@ def plugin_env_vars(device: str = "cuda") -> dict[str, str]:
         "PYTHONWARNINGS": ",".join([*filter(None, os.environ.get("PYTHONWARNINGS", "").split(",")),
                                     *QUIET_WARNINGS]),
     }
+    from seal.engines.checkpoint_policy import CHECK_ENV
+
+    if os.environ.get(CHECK_ENV):  # the run-directory check after every save and resume (CI) reaches the trainer
+        env[CHECK_ENV] = os.environ[CHECK_ENV]
     if device == "cpu":
         from seal.engines.verl.plugin import DEVICE_ENV
 
