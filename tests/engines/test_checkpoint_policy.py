@@ -299,3 +299,13 @@ def test_disk_plan_of_the_7b_recipe_under_the_default_policy():
     assert (low["end"], high["end"]) == (396e9, 516e9)  # 3 full + 5 HF exports
     assert (saves * 107e9, saves * 122e9) == (856e9, 976e9)  # every save kept whole (before the policy)
     assert P.disk_plan(2, 1, 10.0, 1.0) == {"peak": 20.0, "end": 20.0, "full_saves_peak": 2.0, "full_saves_end": 2.0}
+
+
+def test_verls_own_checkpoint_deletion_is_refused(model_dir, tmp_path):
+    from seal.engines.verl.config import to_verl_config
+    from seal.recipe import load_config
+
+    recipe = load_config("exp/SEAL.yaml", [f"model.path={model_dir}"])
+    for item in ("trainer.max_actor_ckpt_to_keep=2", "actor_rollout_ref.actor.checkpoint.async_save=true"):
+        with pytest.raises(ValueError, match="is not supported: trainer.keep_full_checkpoints"):
+            to_verl_config(recipe, tmp_path / "run", [item])
