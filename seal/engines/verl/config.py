@@ -363,7 +363,7 @@ def to_verl_config(cfg: C.Recipe, run_dir: str | os.PathLike[str] | None = None,
             check_verl_value(verl_cfg, key, value)
         _set(verl_cfg, key, value)
     for key in ("trainer.max_actor_ckpt_to_keep", "trainer.remove_previous_ckpt_in_save",
-                "actor_rollout_ref.actor.checkpoint.async_save"):
+                "trainer.del_local_ckpt_after_load", "actor_rollout_ref.actor.checkpoint.async_save"):
         if OmegaConf.select(verl_cfg, key):  # whole folders deleted under best.json / files hashed mid-write
             raise ValueError(f"verl's {key} is not supported: trainer.keep_full_checkpoints is the checkpoint "
                              "policy (docs/verl_engine.md, 'The checkpoint policy')")
