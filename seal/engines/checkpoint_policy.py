@@ -93,8 +93,8 @@ def verl_saves(checkpoints: Checkpoints) -> dict[int, Path]:
 
 def verl_save_state(folder: Path, trust: bool = False) -> str:
     """`full` or `hf_export` from the folder's signed manifest (HMAC and place checked, files not hashed); else
-    why it cannot be used (`unsigned: ...`). With `trust`, the manifest is read unchecked (a folder without one
-    counts as full): the user vouches for the files, but a pruned save still cannot resume."""
+    why it cannot be used (`unsigned: ...`, `does not verify: ...`). With `trust`, the manifest is read unchecked
+    (a folder without one counts as full): the user vouches for the files, but a pruned save still cannot resume."""
     if trust:
         try:
             return str(json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8")).get("contents", FULL))
@@ -103,7 +103,7 @@ def verl_save_state(folder: Path, trust: bool = False) -> str:
     try:
         return str(verify_manifest(folder, hash_files=False)["contents"])
     except UntrustedCheckpoint as exc:
-        return f"unsigned: {exc}"
+        return f"{'does not verify' if (folder / MANIFEST_FILE).is_file() else 'unsigned'}: {exc}"
 
 
 def prune_verl(checkpoints: Checkpoints, keep: int) -> list[int]:
@@ -280,7 +280,7 @@ def _resume_candidate(checkpoints: Checkpoints, resume: str, trust: bool) -> Pat
     step = int(number) if folder.name.startswith(VERL_STEP_PREFIX) and number.isdigit() else 0
     error = FileNotFoundError if why == "it does not exist" else UntrustedCheckpoint
     trust_hint = (f". verl unpickles a checkpoint's files, which runs any code they hold; if you know where this one "
-                  f"comes from, set {TRUST_KNOB}=true" if why.startswith("unsigned") else "")
+                  f"comes from, set {TRUST_KNOB}=true" if why.startswith(("unsigned", "does not verify")) else "")
     raise error(f"refusing to resume from trainer.resume={resume}: {why}; "
                 f"{nearest_usable(Checkpoints(folder.parent), step, trust)}{trust_hint}")
 
