@@ -100,7 +100,6 @@ check_verl_version(str(getattr(verl, "__version__", "unknown")), os.environ.get(
 
 # Imported after the check: on another version these may fail in less readable ways.
 import transfer_queue as tq  # noqa: E402
-from omegaconf import open_dict  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
 from verl.protocol import DataProto  # noqa: E402
 from verl.trainer.ppo.ray_trainer import apply_kl_penalty  # noqa: E402
@@ -427,12 +426,12 @@ class TrainerAdapter(PPOTrainerSync):
         trust = bool(self._recipe_trainer(TRUST_KNOB, False))
         folder = verl_resume_folder(self.checkpoints, requested, trust, verify=True)  # hashed before verl reads it
         saved = cfg.resume_mode, cfg.resume_from_path
-        with open_dict(cfg):  # verl loads exactly the folder checked: ours, as its resume_path
-            cfg.resume_mode, cfg.resume_from_path = ("resume_path", str(folder)) if folder else ("disable", None)
-            try:
-                super()._load_checkpoint()
-            finally:
-                cfg.resume_mode, cfg.resume_from_path = saved
+        # verl loads exactly the folder checked: ours, as its resume_path (both keys exist in verl's config)
+        cfg.resume_mode, cfg.resume_from_path = ("resume_path", str(folder)) if folder else ("disable", None)
+        try:
+            super()._load_checkpoint()
+        finally:
+            cfg.resume_mode, cfg.resume_from_path = saved
         if self.global_steps > 0 and folder is not None:
             self.checkpoint_loaded(int(self.global_steps), folder)
         self.saves.check_references("after the resume")  # with SEAL_CHECK_RUN_REFERENCES=1
