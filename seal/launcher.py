@@ -138,9 +138,11 @@ def untrusted_inputs(cfg: Recipe) -> str | None:
     """Why the run must not start, or None: training data that overlaps the eval split (unless
     `data.allow_eval_overlap`), or a verl checkpoint to resume from that no run of this user signed (unless
     `trainer.trust_checkpoint`; verl unpickles it). Checked before any service, Ray or model starts; the
-    adapter checks the checkpoint's file hashes again just before verl loads it."""
-    from seal.engines.checkpoint_trust import UntrustedCheckpoint, check_checkpoint
+    adapter checks the checkpoint's file hashes just before verl loads it."""
+    from seal.engines.checkpoint_policy import verl_resume_folder
+    from seal.engines.checkpoint_trust import UntrustedCheckpoint
     from seal.engines.data import eval_overlap
+    from seal.run_dir import Checkpoints
 
     d = cfg.data
     try:
@@ -155,10 +157,10 @@ def untrusted_inputs(cfg: Recipe) -> str | None:
         folder = os.path.realpath(os.path.expanduser(cfg.trainer.resume))
         if not os.path.isdir(folder):
             return None  # the engine names a missing checkpoint directory itself
-        try:
-            log.info("%s", check_checkpoint(folder, cfg.trainer.trust_checkpoint, hash_files=False))
+        try:  # signed here, for this step and run, and not pruned (the nearest usable save named otherwise)
+            verl_resume_folder(Checkpoints(Path(folder).parent), folder, cfg.trainer.trust_checkpoint)
         except UntrustedCheckpoint as exc:
-            return f"trainer.resume={cfg.trainer.resume}: {exc}"
+            return str(exc)
     return None
 
 

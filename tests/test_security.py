@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
@@ -270,7 +271,7 @@ def test_verl_checkpoints_resume_only_when_signed_by_this_user(tmp_path, monkeyp
     (folder / "data.pt").write_bytes(b"crafted")
     with pytest.raises(ct.UntrustedCheckpoint, match=r"changed \['data.pt'\]"):
         ct.check_checkpoint(folder, trust=False)
-    ct.write_manifest(folder, "run", 3)
+    ct.write_manifest(folder, tmp_path / "run", 3)
     (folder / "actor" / "extra_state.pt").write_bytes(b"x")
     with pytest.raises(ct.UntrustedCheckpoint, match="added"):
         ct.check_checkpoint(folder, trust=False)
@@ -302,6 +303,23 @@ def test_launcher_refuses_a_foreign_verl_checkpoint(tmp_path, monkeypatch, capsy
     code, err = _launch(base, tmp_path, capsys)
     assert code == 2 and "refusing to resume" in err and "trainer.trust_checkpoint=true" in err
     code, err = _launch([*base, "trainer.trust_checkpoint=true"], tmp_path, capsys)
+    assert code == 0, err
+
+
+def test_launcher_refuses_a_signed_checkpoint_copied_to_another_step(tmp_path, monkeypatch, capsys):
+    """A signed save copied to another step's folder verified and resumed as that step: the manifest's step and
+    run are now compared with the folder's place (the engine's own check: tests/engines/test_checkpoint_policy.py)."""
+    from seal.engines import checkpoint_trust as ct
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    signed = _verl_step(tmp_path / "run", 1)
+    ct.write_manifest(signed, tmp_path / "run", 1)
+    copy = signed.parent / "global_step_5"
+    shutil.copytree(signed, copy)
+    base = ["--conf", "exp/tiny_verl_cpu.yaml", "--dry-run"]
+    code, err = _launch([*base, f"trainer.resume={copy}"], tmp_path, capsys)
+    assert code == 2 and "holds the save of step 1" in err and "nearest usable save is" in err, err
+    code, err = _launch([*base, f"trainer.resume={signed}"], tmp_path, capsys)
     assert code == 0, err
 
 

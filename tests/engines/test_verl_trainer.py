@@ -334,6 +334,7 @@ def test_checkpoint_holds_seal_state_and_resume_restores_it(model_dir, tmp_path,
     trainer.controller.evolve(3)
     trainer.global_steps = 3
     trainer._save_checkpoint()
+    trainer.saves.join()  # signed in the background; the link and latest.json follow the signing
     ckpt = tmp_path / "checkpoints"
     assert (ckpt / "global_step_3" / "seal_state.json").is_file()
     assert (ckpt / "step_3").is_symlink() and (ckpt / "step_3" / "seal_state.json").is_file()
@@ -372,6 +373,7 @@ def test_resume_refuses_an_unsigned_checkpoint_before_verl_reads_it(model_dir, t
     trainer = make_trainer(model_dir, tmp_path / "run")
     trainer.global_steps = 2
     trainer._save_checkpoint()
+    trainer.saves.join()
     signed = tmp_path / "run" / "checkpoints" / "global_step_2"
     assert json.loads((signed / MANIFEST_FILE).read_text())["files"].keys() == {"seal_state.json"}
     # A folder from elsewhere (here: the same files without the manifest), named by trainer.resume.

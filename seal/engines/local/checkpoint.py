@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from seal.core.controller import SealController
+from seal.engines.checkpoint_policy import check_local_resume
 from seal.run_dir import TRAINER_STATE_FILE, RunDir
 
 log = logging.getLogger("seal.engines.local.checkpoint")
@@ -59,6 +60,7 @@ def resume_point(mode: str, run: RunDir) -> Path | None:
     path = Path(mode)
     if not path.is_dir():
         raise FileNotFoundError(f"trainer.resume: checkpoint directory {path} does not exist")
+    check_local_resume(path)  # a pruned checkpoint (no optimizer) is refused, naming the nearest usable one
     return path
 
 

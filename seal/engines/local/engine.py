@@ -36,6 +36,7 @@ import torch
 from seal import recipe as C
 from seal.core.controller import SealController
 from seal.engines.batching import compute_grpo_advantages, group_uids, rollouts_to_dataproto
+from seal.engines.checkpoint_policy import prune_local
 from seal.engines.data import Task, load_tasks
 from seal.engines.local import actor as A
 from seal.engines.local import backend as B
@@ -291,5 +292,6 @@ def validate_and_save(run: LocalRun, step: int, validate: bool, save: bool) -> d
         K.save_checkpoint(run.run, step, run.model, run.tokenizer, run.optimizer, run.controller, state)
         if improved:
             run.run.checkpoints.write_best(run.best)
+        prune_local(run.run.checkpoints, cfg.trainer.keep_full_checkpoints)  # after best.json: the best stays full
         metrics["timing/checkpoint"] = time.perf_counter() - t0
     return metrics

@@ -31,12 +31,12 @@ what                       where in verl 0.9.1  ->  why
                            the expected counts  -> per-category validation accuracy, a failed session
                            counted as a failure (`validation_records`)
 `_save_checkpoint`         `PPOTrainer.fit` (save_freq) writes `global_step_N/`  -> `seal_state.json` beside
-                           it, the `step_N` link and `latest.json` (`checkpoint_saved`), then the signed
-                           manifest (`seal.engines.checkpoint_trust.write_manifest`)
-`_load_checkpoint`         `PPOTrainer.init` (resume_mode auto / resume_path)  -> first the folder verl will
-                           unpickle is checked against its signed manifest (`check_checkpoint`; refused
-                           unless `trainer.trust_checkpoint`), then the controller restored from the same
-                           folder (`checkpoint_loaded`)
+                           it (`checkpoint_saved`), then in a background thread the signed manifest, the
+                           `step_N` link, `latest.json` and the checkpoint policy (`checkpoint_policy.SaveSigner`)
+`_load_checkpoint`         `PPOTrainer.init` (resume_mode auto / resume_path)  -> the folder chosen by our rule
+                           (`verl_resume_folder`: auto = newest signed full save), its files checked against its
+                           signed manifest (`check_checkpoint`) and handed to verl as `resume_path`, then the
+                           controller restored from the same folder (`checkpoint_loaded`)
 `_agent_loop_registry`     `verl.experimental.agent_loop.agent_loop`, read by `registered()`  -> verl has no
                            public lookup of registered agent loops
 `on_init_end` /            `PPOTrainerSync` syncs the actor's weights into vLLM there (at start or resume, and
@@ -106,12 +106,12 @@ from verl.trainer.ppo.ray_trainer import apply_kl_penalty  # noqa: E402
 from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch  # noqa: E402
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync  # noqa: E402
 from verl.utils import tensordict_utils as tu  # noqa: E402
-from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path  # noqa: E402
 from verl.workers.utils.padding import response_to_nested  # noqa: E402
 
 from seal.core.record import EpisodeRecord, object_array  # noqa: E402
 from seal.engines.batching import no_learning_signal, skipped_update_metrics  # noqa: E402
-from seal.engines.checkpoint_trust import TRUST_KNOB, check_checkpoint, write_manifest  # noqa: E402
+from seal.engines.checkpoint_policy import KEEP_KNOB, SaveSigner, verl_resume_folder  # noqa: E402
+from seal.engines.checkpoint_trust import TRUST_KNOB  # noqa: E402
 from seal.engines.verl.agent_loop import FEED_KEY  # noqa: E402
 from seal.logging_utils import append_metrics, metrics_row, trim_metrics  # noqa: E402
 from seal.run_dir import Checkpoints, transcript_sample  # noqa: E402
@@ -335,7 +335,12 @@ class TrainerAdapter(PPOTrainerSync):
             self._pending_sync_metrics = {**(self.__dict__.get("_pending_sync_metrics") or {}), **metrics}
 
     def fit(self, agent_loop_manager: Any) -> None:
-        super().fit(FeedingManager(agent_loop_manager, self))
+        try:
+            super().fit(FeedingManager(agent_loop_manager, self))
+        except BaseException:
+            self.saves.join(quiet=True)  # the last save signed if it can be; the run's own error is raised
+            raise
+        self.saves.settle()
 
     def _compute_advantage(self, batch: Any, metrics: dict) -> Any:
         keys, partition = list(batch.keys), batch.partition_id
@@ -415,33 +420,34 @@ class TrainerAdapter(PPOTrainerSync):
         return metrics
 
     def _save_checkpoint(self) -> None:
+        self.saves.join()  # the previous save signed (and published) before verl writes the next
         super()._save_checkpoint()
         self.checkpoint_saved(int(self.global_steps), self.checkpoints)
-        # Signed last, over every file of the step (ours included): resume loads only what a run wrote.
-        folder = self.checkpoints.verl_step_dir(int(self.global_steps))
-        write_manifest(folder, str(self.checkpoints.root.parent), int(self.global_steps))
+        self.saves.saved(int(self.global_steps))  # signed last, over every file of the step (ours included)
 
     def _load_checkpoint(self) -> None:
-        folder = self._checkpoint_to_load()
-        if folder is not None:  # checked before verl unpickles anything in it
-            trainer = self.config.get("seal", {}).get("recipe", {}).get("trainer", {})
-            log.info("%s", check_checkpoint(folder, trust=bool(trainer.get(TRUST_KNOB.split(".")[1], False))))
-        super()._load_checkpoint()
-        if self.global_steps <= 0:
-            return
-        if self.config.trainer.resume_mode == "resume_path":
-            folder = Path(os.path.realpath(str(self.config.trainer.resume_from_path)))
-        else:
-            folder = self.checkpoints.verl_step_dir(int(self.global_steps))
-        self.checkpoint_loaded(int(self.global_steps), folder)
+        cfg = self.config.trainer
+        requested = str(cfg.resume_from_path) if cfg.resume_mode == "resume_path" else str(cfg.resume_mode)
+        trust = bool(self._recipe_trainer(TRUST_KNOB, False))
+        folder = verl_resume_folder(self.checkpoints, requested, trust, verify=True)  # hashed before verl reads it
+        saved = cfg.resume_mode, cfg.resume_from_path
+        # verl loads exactly the folder checked: ours, as its resume_path (both keys exist in verl's config)
+        cfg.resume_mode, cfg.resume_from_path = ("resume_path", str(folder)) if folder else ("disable", None)
+        try:
+            super()._load_checkpoint()
+        finally:
+            cfg.resume_mode, cfg.resume_from_path = saved
+        if self.global_steps > 0 and folder is not None:
+            self.checkpoint_loaded(int(self.global_steps), folder)
+        self.saves.check_references("after the resume")  # with SEAL_CHECK_RUN_REFERENCES=1
 
+    @property
+    def saves(self) -> SaveSigner:
+        """The signer of this run's saves (`seal.engines.checkpoint_policy`), made on first use."""
+        if "_saves" not in self.__dict__:
+            self.__dict__["_saves"] = SaveSigner(self.checkpoints, int(self._recipe_trainer(KEEP_KNOB, 2)))
+        return self.__dict__["_saves"]
 
-    def _checkpoint_to_load(self) -> Path | None:
-        """The `global_step_N` folder verl's `_load_checkpoint` is about to read (its own rule), or None."""
-        trainer = self.config.trainer
-        if trainer.resume_mode == "resume_path":
-            return Path(os.path.realpath(str(trainer.resume_from_path)))
-        if trainer.resume_mode == "auto":
-            found = find_latest_ckpt_path(os.path.abspath(str(trainer.default_local_dir)))
-            return Path(found) if found else None
-        return None
+    def _recipe_trainer(self, knob: str, default: Any) -> Any:
+        """A `trainer.*` knob of the recipe the config carries (`seal.recipe`)."""
+        return self.config.get("seal", {}).get("recipe", {}).get("trainer", {}).get(knob.split(".")[1], default)

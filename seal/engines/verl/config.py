@@ -365,6 +365,11 @@ def to_verl_config(cfg: C.Recipe, run_dir: str | os.PathLike[str] | None = None,
         if not add:
             check_verl_value(verl_cfg, key, value)
         _set(verl_cfg, key, value)
+    for key in ("trainer.max_actor_ckpt_to_keep", "trainer.remove_previous_ckpt_in_save",
+                "trainer.del_local_ckpt_after_load", "actor_rollout_ref.actor.checkpoint.async_save"):
+        if OmegaConf.select(verl_cfg, key):  # whole folders deleted under best.json / files hashed mid-write
+            raise ValueError(f"verl's {key} is not supported: trainer.keep_full_checkpoints is the checkpoint "
+                             "policy (docs/verl_engine.md, 'The checkpoint policy')")
     with open_dict(verl_cfg):
         verl_cfg.seal = {"run_dir": str(run), "recipe": C.to_container(cfg)}
     return verl_cfg

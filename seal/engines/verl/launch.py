@@ -133,6 +133,10 @@ def plugin_env_vars(device: str = "cuda") -> dict[str, str]:
         PLUGIN_DEVICE_ENV: device,
         VLLM_DEVICE_ENV: device,  # vLLM's own default is "cuda"; "cpu" selects its CPU platform
     }
+    from seal.engines.checkpoint_policy import CHECK_ENV
+
+    if os.environ.get(CHECK_ENV):  # the run-directory check after every save and resume (CI) reaches the trainer
+        env[CHECK_ENV] = os.environ[CHECK_ENV]
     if device == "cpu":
         env["TOKENIZERS_PARALLELISM"] = "false"
     return env

@@ -151,15 +151,18 @@ class SealTrainer(TrainerAdapter):
         else:
             if not self.checkpoints.verl_step_dir(step).is_dir():
                 self.save_checkpoint()
+            self.saves.join()  # best.json names a signed save only (the signing runs in the background)
             path = Checkpoints.ref(step)
         self.best = best_record(step, path, key, value)
         self.checkpoints.write_best(self.best)
+        if step > 0:
+            self.saves.settle()  # the former best is no longer kept whole (checkpoint policy)
 
     # ================================================================== checkpoints and metrics
     def checkpoint_saved(self, step: int, checkpoints: Checkpoints) -> None:
+        # Into the folder before it is signed; the `step_N` link and latest.json follow its signing
+        # (`seal.engines.checkpoint_policy.SaveSigner`).
         self.controller.save(checkpoints.verl_step_dir(step))
-        checkpoints.link_verl_step(step)
-        checkpoints.write_latest(step)
 
     def keep_transcripts(self, records: list[EpisodeRecord], tokens: list[tuple[list[int], list[int]]]) -> None:
         """`<run>/transcripts/step_<N>.jsonl`: the kept episodes as the model saw them, decoded with its
