@@ -178,7 +178,7 @@ def test_a_tiny_disk_fails_naming_the_policy_knob(monkeypatch, tmp_path):
     plan = P.save_plan(7_615_616_512, 4, 72, 10, keep_full=2)
     monkeypatch.setattr(probes, "disk_free", lambda path: 100 * GB)
     row = K.disk_row(plan, tmp_path, "trainer.keep_full_checkpoints")
-    assert row.verdict == K.FAIL and "trainer.keep_full_checkpoints=1" in row.fix and "517.9 GB" in row.needed
+    assert row.verdict == K.FAIL and "trainer.keep_full_checkpoints=1" in row.fix and "609.3 GB" in row.needed
     monkeypatch.setattr(probes, "disk_free", lambda path: 600 * GB)
     assert K.disk_row(plan, tmp_path, "trainer.keep_full_checkpoints").verdict == K.OK
 
@@ -253,7 +253,7 @@ def test_preflight_of_the_paper_recipe_on_this_cpu_machine_fails(monkeypatch, tm
     assert rc == 1
     assert "GPUs                          FAIL   4 per node" in out
     assert "CPUs (Ray)                    FAIL   21: resource pool 4 x 3" in out and "2 logical" in out
-    assert "disk                          FAIL   517.9 GB" in out and "keep_full_checkpoints" in out
+    assert "disk                          FAIL   609.3 GB" in out and "keep_full_checkpoints" in out
     assert "pre-flight: FAIL (GPUs, driver, CPUs (Ray), model, disk" in out
     assert list(tmp_path.iterdir()) == []  # no run directory
 

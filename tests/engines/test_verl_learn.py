@@ -75,6 +75,19 @@ def _step_checked(step: int, m: dict) -> bool:
     return spread
 
 
+def _policy_checked(run: Path, full: set[int], pruned: set[int]) -> None:
+    """The checkpoint policy at keep_full_checkpoints 1: every reference holds, the newest and the best saves are
+    full (shards of both ranks, optimizer, export), older ones keep only their Hugging Face export."""
+    from seal.engines.checkpoint_policy import check_run_references
+
+    assert check_run_references(run, keep=1) == []
+    for step in full | pruned:
+        actor = run / "checkpoints" / f"global_step_{step}" / "actor"
+        assert (actor / "huggingface" / "config.json").is_file(), step
+        assert any(actor.glob("optim_world_size_*")) == (step in full), (step, sorted(p.name for p in actor.iterdir()))
+        assert any(actor.glob("model_world_size_*")) == (step in full), step
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("engines")  # one engine at a time (tests/conftest.py)
 def test_verl_learns_on_two_ranks_and_resumes(tmp_path, tmp_path_factory):
@@ -85,7 +98,10 @@ def test_verl_learns_on_two_ranks_and_resumes(tmp_path, tmp_path_factory):
 
     cache = learn_model_cache(tmp_path_factory)
     port = free_port()
-    env = {"SEAL_MODEL_CACHE": str(cache)}  # model.build_tiny builds only inside the model cache
+    # model.build_tiny builds only inside the model cache; the trainer checks every checkpoint reference after each
+    # save and after the resume (`seal.engines.checkpoint_policy`, a CI-only switch: each save then waits for its
+    # signing), under the recipe's tightest policy, keep_full_checkpoints 1.
+    env = {"SEAL_MODEL_CACHE": str(cache), "SEAL_CHECK_RUN_REFERENCES": "1"}
     launch_verl(tmp_path, port, *learn_paths(cache), "trainer.total_training_steps=2", timeout=FIRST_TIMEOUT_S,
                 conf=CONF, **env)
     run = tmp_path / "tiny_verl_learn"
@@ -94,6 +110,8 @@ def test_verl_learns_on_two_ranks_and_resumes(tmp_path, tmp_path_factory):
     # The actor is sharded over the two ranks: each full save holds the shards of a world of 2.
     shards = sorted(p.name for p in (ck / "global_step_2" / "actor").glob("model_world_size_*"))
     assert shards == [f"model_world_size_{RANKS}_rank_{r}.pt" for r in range(RANKS)], shards
+    _policy_checked(run, full={2}, pruned={1})
+
 
     # The same command again, with the recipe's 3 steps: verl resumes from step 2's save, SEAL state included.
     log = launch_verl(tmp_path, port, *learn_paths(cache), timeout=RESUME_TIMEOUT_S, conf=CONF, **env)
@@ -115,6 +133,7 @@ def test_verl_learns_on_two_ranks_and_resumes(tmp_path, tmp_path_factory):
     updated = [step for step in range(1, STEPS + 1) if _step_checked(step, rows[step])]
     assert updated, "no step had a reward spread: the warm start should leave the decision open"
 
+    _policy_checked(run, full={2, 3}, pruned={1})  # step 2 is the best (its validation came first), 3 the newest
     end = {t: rows[STEPS][f"probe/p_ground_truth/{t}"] for t in tasks}
     # The bar docs/verl_engine.md states: the two tasks' p(ground truth) rise by 0.1 in sum (0.05 each on average).
     assert sum(end.values()) > sum(start[t] for t in tasks) + 0.1, (start, end)

@@ -113,12 +113,16 @@ def transcript_bytes(steps: int) -> int:
 
 
 def save_plan(params: int, param_bytes: int, total_steps: int, save_freq: int, keep_full: int) -> SavePlan:
-    """Disk of a run's checkpoints under the checkpoint policy: the newest `keep_full` saves and the best one in
-    full, every older save as its HF export only; plus the transcripts."""
+    """Disk of a run's checkpoints under the checkpoint policy at its peak (`checkpoint_policy.disk_plan`: during the
+    last save, the newest `keep_full` saves, the best one and the new save in full, every older save as its HF
+    export only); plus the transcripts."""
+    from seal.engines.checkpoint_policy import disk_plan
+
     hf_export = params * param_bytes
     full = params * param_bytes + params * param_bytes * ADAM_STATES + hf_export
     saves = len(saved_steps(total_steps, save_freq))
-    return SavePlan(full, hf_export, saves, min(saves, keep_full + 1), transcript_bytes(total_steps), total_steps)
+    full_kept = int(disk_plan(saves, keep_full, full, hf_export)["full_saves_peak"])
+    return SavePlan(full, hf_export, saves, full_kept, transcript_bytes(total_steps), total_steps)
 
 
 # ------------------------------------------------------------------------------------------------------ CPUs
