@@ -23,12 +23,15 @@ from seal.recipe.compose import (
     with_input_paths,
 )
 from seal.recipe.derived import (
+    VALIDATE_AT_END_ONLY,
+    VALIDATE_NEVER,
     env_service_args,
     rollout_limits,
     run_dir,
     sampling_params,
     steps_per_epoch,
     total_training_steps,
+    validates_at,
 )
 from seal.recipe.schema import (
     ActorConfig,

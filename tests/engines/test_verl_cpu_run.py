@@ -128,7 +128,7 @@ def test_verl_trainer_runs_the_seal_step_on_cpu_and_resumes(tmp_path):
     # Same command, one more step: verl resumes from global_step_1 and says so, SEAL state included
     # (without validation: it was checked above).
     log = launch_verl(tmp_path, port, "trainer.total_training_steps=2", "trainer.val_before_train=false",
-                  "trainer.test_freq=0", "trainer.save_freq=1", timeout=RESUME_TIMEOUT_S)
+                  "trainer.test_freq=-1", "trainer.save_freq=1", timeout=RESUME_TIMEOUT_S)
     assert "Resuming from" in log and "global_step_1" in log, log[-4000:]
     assert "resumed SEAL state from" in log
     steps = by_step(run / "metrics.jsonl")

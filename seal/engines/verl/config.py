@@ -255,11 +255,28 @@ def algorithm_overrides(alg: C.AlgorithmConfig) -> dict[str, Any]:
     }
 
 
+# verl validates when `test_freq > 0 and (is_last_step or global_steps % test_freq == 0)` (its fit loop). A
+# frequency no run reaches leaves the last step only: the recipe's `0`. verl's own `-1` (or 0) never validates.
+VERL_LAST_STEP_ONLY = 2**31 - 1
+
+
+def verl_test_freq(test_freq: int) -> int:
+    """verl's `trainer.test_freq` for the recipe's (`seal.recipe.validates_at`: N, 0 = the last step only, -1 =
+    never)."""
+    if test_freq == C.VALIDATE_NEVER:
+        return -1
+    if test_freq == C.VALIDATE_AT_END_ONLY:
+        return VERL_LAST_STEP_ONLY
+    if test_freq < 0:
+        raise ValueError(f"trainer.test_freq must be >= {C.VALIDATE_NEVER}, got {test_freq}")
+    return int(test_freq)
+
+
 def trainer_overrides(t: C.TrainerConfig, experiment_name: str, run_dir: Path) -> dict[str, Any]:
     return {
         "trainer.total_epochs": t.total_epochs,
         "trainer.total_training_steps": (None if t.total_training_steps is None else int(t.total_training_steps)),
-        "trainer.test_freq": t.test_freq if t.test_freq > 0 else -1,
+        "trainer.test_freq": verl_test_freq(t.test_freq),
         "trainer.val_before_train": t.val_before_train,
         # verl saves when save_freq > 0; with 0 our trainer still saves the last step (docs/config.md).
         "trainer.save_freq": t.save_freq if t.save_freq > 0 else -1,
