@@ -255,21 +255,15 @@ def algorithm_overrides(alg: C.AlgorithmConfig) -> dict[str, Any]:
     }
 
 
-# verl validates when `test_freq > 0 and (is_last_step or global_steps % test_freq == 0)` (its fit loop). A
-# frequency no run reaches leaves the last step only: the recipe's `0`. verl's own `-1` (or 0) never validates.
-VERL_LAST_STEP_ONLY = 2**31 - 1
+VERL_LAST_STEP_ONLY = 2**31 - 1  # a test_freq no run reaches
 
 
 def verl_test_freq(test_freq: int) -> int:
-    """verl's `trainer.test_freq` for the recipe's (`seal.recipe.validates_at`: N, 0 = the last step only, -1 =
-    never)."""
-    if test_freq == C.VALIDATE_NEVER:
-        return -1
-    if test_freq == C.VALIDATE_AT_END_ONLY:
-        return VERL_LAST_STEP_ONLY
-    if test_freq < 0:
-        raise ValueError(f"trainer.test_freq must be >= {C.VALIDATE_NEVER}, got {test_freq}")
-    return int(test_freq)
+    """verl's `trainer.test_freq` for the recipe's (`seal.recipe.validates_at`): verl validates when `test_freq > 0
+    and (is_last_step or step % test_freq == 0)`, so the recipe's 0 (the last step only) goes as a frequency no run
+    reaches, its -1 (never) as verl's -1."""
+    C.validates_at(test_freq, 1, False)  # refuses a value below -1
+    return {C.VALIDATE_NEVER: -1, C.VALIDATE_AT_END_ONLY: VERL_LAST_STEP_ONLY}.get(test_freq, int(test_freq))
 
 
 def trainer_overrides(t: C.TrainerConfig, experiment_name: str, run_dir: Path) -> dict[str, Any]:

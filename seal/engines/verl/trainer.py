@@ -29,6 +29,7 @@ from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 from seal import recipe as C
 from seal.core.controller import STATE_FILE, SealController
 from seal.core.record import EpisodeRecord, record_columns
+from seal.engines.advantage_record import ADVANTAGES_FILE, append_record, row_values, step_record
 from seal.engines.local.warm_start import probe_episodes
 from seal.engines.verl.adapter import TrainerAdapter
 from seal.engines.verl.agent_loop import EpisodeFeed
@@ -99,10 +100,14 @@ class SealTrainer(TrainerAdapter):
         check_infra_loss(episodes, self.recipe.env.max_infra_loss, ", ".join(self.recipe.env.urls),
                          self.run.env_service_log)
         metrics.update(self.controller.observe(episodes, self.global_steps))
+        grpo: list[tuple[float | None, float]] = []
         metrics.update(seal_advantages(data, records, self.controller, self.global_steps,
                                        algorithm=self.config.algorithm,
                                        num_repeat=int(self.config.actor_rollout_ref.rollout.n),
-                                       batch_keys=batch_keys))
+                                       batch_keys=batch_keys, grpo_rows=grpo))
+        # `<run>/advantages.jsonl`: what the update is given, checkable against GRPO × A-Patch from outside.
+        append_record(self.run.root / ADVANTAGES_FILE, advantage_step_record(
+            data, grpo, self.controller, self.global_steps, self.config.algorithm))
 
     def weights_synced(self) -> dict[str, float]:
         """After every weight sync: the weight probe read from the vLLM server (a warm-started model only)."""
@@ -220,6 +225,20 @@ class WeightProbe:
 
 
 # =========================================================================== the advantage computation
+def advantage_step_record(data: DataProto, grpo: Sequence[tuple[float | None, float]], controller: SealController,
+                          step: int, algorithm: Any) -> dict[str, Any]:
+    """The step's line of `advantages.jsonl` (seal.engines.advantage_record), after `seal_advantages` ran on
+    `data`: A-Patch's knobs and the weights it used this step (`update_weights` returns the step's weights
+    again: they move once per step)."""
+    cfg = controller.apatch_cfg
+    apatch = {"enabled": bool(cfg.enable), "warmup_steps": int(cfg.warmup_steps), "apply_to": cfg.apply_to,
+              "min_scale": float(cfg.min_scale), "max_scale": float(cfg.max_scale), "tags_column": cfg.tags_column,
+              "weights": dict(controller.update_weights(step)) if cfg.enable else {}}
+    excluded = [bool(x) for x in data.non_tensor_batch["excluded"]]
+    return step_record(step, data, grpo, apatch, bool(algorithm.get("norm_adv_by_std_in_grpo", True)),
+                       controller.adaptive_cfg.task_weights, excluded)
+
+
 def seal_advantages(
     data: DataProto,
     records: Sequence[EpisodeRecord | None],
@@ -229,6 +248,7 @@ def seal_advantages(
     algorithm: Any,
     num_repeat: int,
     batch_keys: Sequence[str] | None = None,
+    grpo_rows: list[tuple[float | None, float]] | None = None,
 ) -> dict[str, float]:
     """GRPO through verl, then A-Patch through the controller; `data.batch["advantages"]` is replaced.
 
@@ -243,6 +263,8 @@ def seal_advantages(
         num_repeat: rollouts per prompt (`actor_rollout_ref.rollout.n`).
         batch_keys: TransferQueue keys `{uid}_{session}_{index}` (v1 path: verl's multi-trajectory
             GRPO); None = verl's plain `compute_advantage`.
+        grpo_rows: filled, when given, with each row's GRPO advantage before A-Patch
+            (`seal.engines.advantage_record.row_values`: excluded rows already zeroed).
 
     Excluded rows (and padding rows) get a uid of their own, so they do not enter the mean/std of the
     real groups (a lone member gets mean 0, std 1 in verl), and their advantages are zeroed.
@@ -271,6 +293,8 @@ def seal_advantages(
     keep = torch.as_tensor(~excluded, dtype=data.batch["advantages"].dtype).unsqueeze(-1)
     data.batch["advantages"] = data.batch["advantages"] * keep
     data.batch["returns"] = data.batch["returns"] * keep
+    if grpo_rows is not None:
+        grpo_rows[:] = row_values(data.batch["advantages"], data.batch["response_mask"])
 
     metrics = controller.reweight(data, step)
     metrics["seal/excluded_rows"] = float(excluded.sum())
