@@ -8,7 +8,7 @@ Every name and format here is what existing runs hold, so old runs still resume 
     env_service.log                     the env service the launcher started
     metrics.jsonl                       one JSON object per line, each with an int "step"
     wandb_run_id                        the wandb run id, so a resumed run logs into the same wandb run
-    validation/step_<N>.jsonl           per-episode validation records (local engine)
+    validation/step_<N>.jsonl           per-episode validation records (both; verl: with token ids)
     transcripts/step_<N>.jsonl          a sample of step N's training episodes (`transcript_entry`; both engines)
     advantages.jsonl                    per step, every row's GRPO and used advantage (verl engine;
                                         seal.engines.advantage_record)

@@ -17,17 +17,16 @@ from verl.utils.tensordict_utils import list_of_dict_to_tensordict  # noqa: E402
 
 import seal.engines.verl.adapter as VA  # noqa: E402
 from seal.engines.advantage_record import ADVANTAGES_FILE, check_advantage_record, read_records  # noqa: E402
-from tests.engines.test_verl_trainer import (  # noqa: E402, F401 - model_dir is a fixture
-    STATIC,
-    FakeTQ,
-    make_trainer,
-    model_dir,
-    output_fields,
-    rollout,
-)
+from tests.engines import test_verl_trainer as TV  # noqa: E402
 
-ROWS = [("multi_turn_base_1", 1.0, ["pass", "pass"], "A"), ("multi_turn_base_1", 0.0, ["pass", "state_mismatch"], "A"),
-        ("multi_turn_miss_func_2", 1.0, ["pass"], "B"), ("multi_turn_miss_func_2", 0.0, ["empty_turn_model_response"], "B"),
+STATIC, FakeTQ, make_trainer = TV.STATIC, TV.FakeTQ, TV.make_trainer
+output_fields, rollout = TV.output_fields, TV.rollout
+model_dir = TV.model_dir  # the fixture: a tiny Qwen2 config and the Qwen2.5 tokenizer
+
+ROWS = [("multi_turn_base_1", 1.0, ["pass", "pass"], "A"),
+        ("multi_turn_base_1", 0.0, ["pass", "state_mismatch"], "A"),
+        ("multi_turn_miss_func_2", 1.0, ["pass"], "B"),
+        ("multi_turn_miss_func_2", 0.0, ["empty_turn_model_response"], "B"),
         ("multi_turn_miss_func_2", 0.0, ["response_mismatch", "checker_error"], "B")]
 
 

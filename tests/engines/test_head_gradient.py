@@ -2,10 +2,10 @@
 gives verl's own gradients (verl's `FusedLinearForPPOFunction`, run with the wrapper and with verl's original
 function).
 
-The reference is verl's original whatever ran before in this process: `install_cpu_patches` (called in the test process by
-tests/engines/test_vllm_cpu_weight_sync.py's `cpu_patched` fixture) leaves the wrapper installed for the rest of
-the process, so the reference is taken from `verls_backward()` (the function the wrapper keeps,
-checked to be verl's) and installed for the reference run; `patched_before` runs each test after such a patch."""
+The reference is verl's original whatever ran before in this process: `install_cpu_patches` (called in the test
+process by tests/engines/test_vllm_cpu_weight_sync.py's `cpu_patched` fixture) leaves the wrapper installed for the
+rest of the process, so the reference is taken from `verls_backward()` (the function the wrapper keeps, checked to
+be verl's) and installed for the reference run; `patched_before` runs each test after such a patch."""
 
 from __future__ import annotations
 

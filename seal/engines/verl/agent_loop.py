@@ -55,6 +55,9 @@ from seal.rollout.vllm_generation import finish_reason, model_stop_token_ids, sa
 log = logging.getLogger(__name__)
 
 FEED_KEY = "seal_feed"  # dataset-row key the trainer mode attaches to every batch it submits
+# reward_extra_info key of an evaluation episode's tokens (JSON text: verl's validation metrics skip strings); the
+# trainer keeps them in `<run>/validation/step_<N>.jsonl` (`SealTrainer.validation_metrics`)
+EPISODE_TOKENS_KEY = "episode_tokens"
 EPISODE_MODES = ("train", "eval")
 # Extras that stay in the worker: the transcript is large and the trainer does not need it.
 DROPPED_EXTRAS = ("messages",)
@@ -294,6 +297,9 @@ def rollout_to_output(rollout: Rollout, *, eos_id: int, fallback_prompt_ids: lis
         "task_id": rollout.task_id,
         "excluded": float(rollout.excluded),
     }
+    if rollout.mode == "eval" and not placeholder:  # validation: its tokens, as sampled, for the run directory
+        extras["reward_extra_info"][EPISODE_TOKENS_KEY] = json.dumps(
+            {"prompt_ids": prompt_ids, "response_ids": response_ids, "response_mask": response_mask})
     metrics = AgentLoopMetrics(generate_sequences=rollout.model_time_s, tool_calls=rollout.env_time_s)
     return AgentLoopOutput(
         prompt_ids=prompt_ids,

@@ -11,6 +11,7 @@ The mode runs synchronously (`trainer_mode` reads "sync" for verl's own checks):
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -32,7 +33,7 @@ from seal.core.record import EpisodeRecord, record_columns
 from seal.engines.advantage_record import ADVANTAGES_FILE, append_record, row_values, step_record
 from seal.engines.local.warm_start import probe_episodes
 from seal.engines.verl.adapter import TrainerAdapter
-from seal.engines.verl.agent_loop import EpisodeFeed
+from seal.engines.verl.agent_loop import EPISODE_TOKENS_KEY, EpisodeFeed
 from seal.engines.verl.config import TRAINER_MODE
 from seal.rollout.episode import check_infra_loss
 from seal.run_dir import Checkpoints, RunDir, best_record, improves, transcript_entry, write_transcripts
@@ -120,8 +121,9 @@ class SealTrainer(TrainerAdapter):
             self.save_checkpoint()
 
     # ================================================================== validation and the best checkpoint
-    def validation_metrics(self, records: list[EpisodeRecord]) -> dict[str, float]:
+    def validation_metrics(self, records: list[EpisodeRecord], infos: Mapping[str, Sequence[Any]]) -> dict[str, float]:
         self.last_validation = self.controller.validation_metrics(records)
+        write_validation_tokens(self.run.validation_file(self.global_steps), records, infos)
         return self.last_validation
 
     def on_validate_end(self) -> None:
@@ -176,6 +178,22 @@ class SealTrainer(TrainerAdapter):
 
     def metrics_jsonl_path(self) -> Path | None:
         return self.run.metrics_file if "jsonl" in list(self.recipe.trainer.logger) else None
+
+
+def write_validation_tokens(path: Path, records: Sequence[EpisodeRecord], infos: Mapping[str, Sequence[Any]]) -> None:
+    """`<run>/validation/step_<N>.jsonl` of the verl engine: one line per validation episode (task_id, category,
+    accuracy, excluded) with its token ids as sampled (`prompt_ids`, `response_ids`, `response_mask`; null for an
+    episode that never ran), from the agent loop's `EPISODE_TOKENS_KEY`. What a check of the run's greedy episodes
+    against `seal-eval --policy vllm:` reads (`seal.eval.same_tokens`)."""
+    tokens = list(infos.get(EPISODE_TOKENS_KEY, []))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as fh:
+        for i, r in enumerate(records):
+            seq = json.loads(tokens[i]) if i < len(tokens) and tokens[i] else {}
+            fh.write(json.dumps({"task_id": r.task_id, "category": r.category, "accuracy": r.accuracy,
+                                 "excluded": r.excluded, "prompt_ids": seq.get("prompt_ids"),
+                                 "response_ids": seq.get("response_ids"),
+                                 "response_mask": seq.get("response_mask")}) + "\n")
 
 
 # =========================================================================== the weight probe
