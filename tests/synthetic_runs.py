@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -26,6 +27,7 @@ def load_script(name: str) -> ModuleType:
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load scripts/{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses of the script look their module up while it executes
     spec.loader.exec_module(module)
     return module
 
