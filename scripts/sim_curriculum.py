@@ -70,6 +70,9 @@ VARIANTS = {
     "SEAL + adaptive rho": dict(rho="adaptive"),
     "SEAL + curriculum": dict(curriculum=True),
 }
+# vanilla GRPO at a learning rate scaled by SEAL's measured step ratio (mean |Â| / mean |A|), added to the first
+# table: does a larger learning rate buy SEAL's lead?
+LARGER_LR = "vanilla GRPO, lr × SEAL's step ratio"
 # the table with responsiveness drawn independently of rho: the A-Patch comparison only
 RANDOM_ETA_VARIANTS = (VANILLA, "SEAL", "SEAL, step size matched")
 
@@ -136,6 +139,7 @@ def run(variant: dict, seed: int, steps: int, num_tasks: int, batch: int, group:
     order: list[int] = []
     reached, curve = None, []
     samples: Counter[str] = Counter()
+    ratios: list[float] = []  # per step: mean |Â| / mean |A| (A-Patch's step size against GRPO's)
     for step in range(1, steps + 1):
         if variant.get("curriculum"):
             chosen = draw_batch(world.ids, controller.repair, 0.2, batch, seed, step)
@@ -165,6 +169,8 @@ def run(variant: dict, seed: int, steps: int, num_tasks: int, batch: int, group:
             non_tensors=record_columns(records))  # the columns both engines' batches carry
         controller.reweight(data, step)
         scaled = data.batch["advantages"][:, 0].numpy().astype(np.float64)
+        if np.abs(adv).mean() > 0:
+            ratios.append(float(np.abs(scaled).mean() / np.abs(adv).mean()))
         if variant.get("match_step") and np.abs(scaled).mean() > 0:
             scaled *= np.abs(adv).mean() / np.abs(scaled).mean()  # vanilla GRPO's mean |A| this step
         grad = np.zeros(len(SKILLS))
@@ -177,7 +183,9 @@ def run(variant: dict, seed: int, steps: int, num_tasks: int, batch: int, group:
         curve.append(acc)
         if reached is None and acc >= target:
             reached = step
-    return {"final": curve[-1], "probe": curve[probe - 1], "reached": reached, "samples": samples}
+    repair = {s: controller.repair.repairability(s) for s in SKILLS if s in controller.repair.visits}
+    return {"final": curve[-1], "probe": curve[probe - 1], "reached": reached, "samples": samples,
+            "step_ratio": statistics.mean(ratios) if ratios else 1.0, "repairability": repair}
 
 
 def interval(values: list[float]) -> str:
@@ -190,15 +198,21 @@ def interval(values: list[float]) -> str:
     return f"{mean:.3f} ± {half:.3f}"
 
 
-def table(names: list[str], args: argparse.Namespace, random_eta: bool) -> None:
+def table(names: list[str], args: argparse.Namespace, random_eta: bool) -> dict[str, list[dict]]:
     print(f"| variant | steps to target (median; reached) | accuracy at step {args.probe} | final accuracy "
           f"| Δ vs vanilla at step {args.probe} (paired) | Δ final (paired) | failed-turn samples per type |")
     print("|---|---|---|---|---|---|---|")
     results: dict[str, list[dict]] = {}
+
+    def runs(variant: dict, lr: float) -> list[dict]:
+        return [run(variant, seed, args.steps, args.tasks, args.batch, args.group, lr, args.target,
+                    random_responsiveness(seed) if random_eta else None, args.probe) for seed in range(args.seeds)]
+
     for name in names:
-        results[name] = [run(VARIANTS[name], seed, args.steps, args.tasks, args.batch, args.group, args.lr,
-                             args.target, random_responsiveness(seed) if random_eta else None, args.probe)
-                         for seed in range(args.seeds)]
+        results[name] = runs(VARIANTS[name], args.lr)
+    if not random_eta:  # vanilla GRPO at the learning rate SEAL's A-Patch effectively had
+        ratio = statistics.mean(r["step_ratio"] for r in results["SEAL"])
+        results[f"{LARGER_LR} ({ratio:.3f})"] = runs(VARIANTS[VANILLA], args.lr * ratio)
     base = results[VANILLA]
     for name, rs in results.items():
         reached = [r["reached"] for r in rs if r["reached"] is not None]
@@ -212,6 +226,20 @@ def table(names: list[str], args: argparse.Namespace, random_eta: bool) -> None:
             d_final = interval([r["final"] - b["final"] for r, b in zip(rs, base, strict=True)])
         print(f"| {name} | {median} ({len(reached)}/{len(rs)}) | {interval([r['probe'] for r in rs])} "
               f"| {interval([r['final'] for r in rs])} | {d_probe} | {d_final} | {per_type} |")
+    return results
+
+
+def extras(results: dict[str, list[dict]], args: argparse.Namespace) -> None:
+    """The numbers docs/seal_core.md states beside the first table: the curriculum's own gain (paired against SEAL,
+    which it adds to) and the repairability adaptive ρ measured per type (mean over seeds, at the end)."""
+    seal, cur = results["SEAL"], results["SEAL + curriculum"]
+    print(f"\nCurriculum's own gain (SEAL + curriculum - SEAL, paired): at step {args.probe} "
+          f"{interval([c['probe'] - s['probe'] for c, s in zip(cur, seal, strict=True)])}, final "
+          f"{interval([c['final'] - s['final'] for c, s in zip(cur, seal, strict=True)])}")
+    adaptive = results["SEAL + adaptive rho"]
+    parts = [f"{s} {interval([r['repairability'][s] for r in adaptive if s in r['repairability']])}" for s in SKILLS]
+    print(f"Repairability measured by adaptive rho at step {args.steps} (built-in responsiveness "
+          f"{', '.join(f'{RESPONSIVENESS[s]}' for s in SKILLS)}): {'; '.join(parts)}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -236,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{start:.3f}; target {args.target}; mean ± 95% interval over seeds")
     print(f"\nBuilt-in responsiveness ({', '.join(f'{s}={RESPONSIVENESS[s]}' for s in SKILLS)}); Spearman "
           f"correlation with the static rho table: {stats.spearmanr(built_in, rho).statistic:.2f}")
-    table(list(VARIANTS), args, random_eta=False)
+    extras(table(list(VARIANTS), args, random_eta=False), args)
     draws = [random_responsiveness(seed) for seed in range(args.seeds)]
     rhos = [stats.spearmanr(d, rho).statistic for d in draws]
     print(f"\nResponsiveness drawn per seed, uniform in [0.05, 1.0] and independent of rho (Spearman with rho: "

@@ -7,7 +7,9 @@ It works from any directory: every input path (`--conf`, `model.path`, `model.wa
 files) is taken from the cwd when it exists there, else from the project (one rule, `seal.io_utils.input_path`);
 the run directory `<run_root>/<experiment_name>`, an output, from the cwd.
 
-1. Composes and validates the recipe (`seal.recipe.load_config`); `--dry-run` prints it (for engine verl
+1. Composes and validates the recipe (`seal.recipe.load_config`) and checks the inputs before anything starts
+   (training data that overlaps the eval split, an unsigned checkpoint, fewer training tasks than
+   `data.train_batch_size`: exit 2, `--dry-run` too); `--dry-run` prints it (for engine verl
    also the resolved verl config) and exits. `verl.<key>=value` sets a key of verl's config directly,
    `+verl.<key>=value` adds one verl's defaults lack (Hydra's convention); engine verl only. `--preflight`
    prints the pre-flight table (`seal.engines.preflight`: GPUs, driver, CPUs, disk, memory, the model) and exits
@@ -182,6 +184,26 @@ def token_refusal(cfg: Recipe, overrides: list[str], allow_http: bool) -> str | 
                                urls_from_command_line=_overridden(overrides, "env.urls"), allow_http=allow_http)
 
 
+def training_set_too_small(cfg: Recipe) -> str | None:
+    """Why the run cannot take one step, or None: fewer training tasks (after `data.max_train_tasks` /
+    `data.train_task_ids`) than `data.train_batch_size`. Both engines drop a partial batch, so such a run has no
+    step; the engines find it only after the env service (and for verl, Ray) has started. Checked before anything
+    starts, `--dry-run` included. Tasks that cannot be loaded are left to the engine, which names the file."""
+    from seal.engines.data import load_tasks
+    from seal.recipe import ConfigError, steps_per_epoch
+
+    d = cfg.data
+    try:
+        tasks = load_tasks(d.train_files, d.max_train_tasks, d.train_task_ids)
+    except (OSError, ValueError):
+        return None
+    try:
+        steps_per_epoch(cfg, len(tasks))
+    except ConfigError as exc:
+        return f"data.train_files {d.train_files}: {exc}; lower data.train_batch_size or train on more tasks"
+    return None
+
+
 def _raise_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)  # unwinds through the finally blocks that stop the service
 
@@ -253,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"launcher: {exc}", file=sys.stderr)
         return 2
-    refused = untrusted_inputs(cfg) or token_refusal(cfg, recipe_overrides, args.allow_token_over_http)
+    refused = (untrusted_inputs(cfg) or token_refusal(cfg, recipe_overrides, args.allow_token_over_http)
+               or training_set_too_small(cfg))
     if refused:
         print(f"launcher: {refused}", file=sys.stderr)
         return 2

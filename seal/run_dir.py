@@ -8,8 +8,10 @@ Every name and format here is what existing runs hold, so old runs still resume 
     env_service.log                     the env service the launcher started
     metrics.jsonl                       one JSON object per line, each with an int "step"
     wandb_run_id                        the wandb run id, so a resumed run logs into the same wandb run
-    validation/step_<N>.jsonl           per-episode validation records (local engine)
+    validation/step_<N>.jsonl           per-episode validation records (both; verl: with token ids)
     transcripts/step_<N>.jsonl          a sample of step N's training episodes (`transcript_entry`; both engines)
+    advantages.jsonl                    per step, every row's GRPO and used advantage (verl engine;
+                                        seal.engines.advantage_record)
     verl_config.yaml, data/<split>_subset.parquet          (verl engine)
     checkpoints/step_<N>/               local: HF model + tokenizer, seal_state.json, trainer_state.pt
     checkpoints/global_step_<N>/        verl: actor/ (shards, optimizer, actor/huggingface), seal_state.json;

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -26,6 +27,7 @@ def load_script(name: str) -> ModuleType:
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load scripts/{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses of the script look their module up while it executes
     spec.loader.exec_module(module)
     return module
 
@@ -71,6 +73,8 @@ def eval_records(
     return records
 
 
+BFCL_V4_QUESTIONS = {"memory_kv": 155, "memory_rec_sum": 155, "memory_vector": 155, "web_search_base": 100,
+                     "web_search_no_snippet": 100}
 BFCL_V4_SUBCATEGORIES = {"memory": ("memory_kv", "memory_rec_sum", "memory_vector"),
                          "web_search": ("web_search_base", "web_search_no_snippet")}
 
@@ -92,8 +96,9 @@ def summary_of(
         accuracy["average"] = sum(accuracy[c] for c in CATEGORIES) / 4
         stderr["average"] = math.sqrt(sum(stderr[c] ** 2 for c in CATEGORIES)) / 4
     # a complete BFCL V4 run: every one of BFCL's sub-categories of a key (here all at the key's accuracy)
-    breakdown = {sub: {"accuracy": accuracy[key]} for key, subs in BFCL_V4_SUBCATEGORIES.items() if key in accuracy
-                 for sub in subs}
+    # and with BFCL's number of questions in each (seal.report.tables.BFCL_V4_QUESTIONS)
+    breakdown = {sub: {"accuracy": accuracy[key], "count": BFCL_V4_QUESTIONS[sub]}
+                 for key, subs in BFCL_V4_SUBCATEGORIES.items() if key in accuracy for sub in subs}
     return {
         "policy": "synthetic",
         "split": split,

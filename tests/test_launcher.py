@@ -29,6 +29,23 @@ def test_bad_config_exits_with_a_message():
     assert out.returncode == 2 and "unknown key 'rollout.nn'" in out.stderr
 
 
+def test_a_batch_larger_than_the_training_set_is_refused_before_anything_starts(tmp_path):
+    """exp/tiny_cpu.yaml trains on 2 tasks; a batch of 3 has no step. Refused in the dry run (both engines) and in a
+    real launch before the env service starts (no run directory, no service log)."""
+    # exp/SEAL.yaml (verl) needs a multiple of its mini-batch of 8: 8 tasks, a batch of 16.
+    for conf, tasks, batch in (("exp/tiny_cpu.yaml", 2, 3), ("exp/SEAL.yaml", 8, 16)):
+        out = launch("--conf", conf, f"run_root={tmp_path}", f"data.train_batch_size={batch}",
+                     f"data.max_train_tasks={tasks}", "--dry-run", timeout=120)
+        assert out.returncode == 2, (conf, out.stdout[-2000:], out.stderr)
+        assert f"{tasks} training tasks are fewer than data.train_batch_size = {batch}" in out.stderr, out.stderr
+    out = launch("--conf", "exp/tiny_cpu.yaml", f"run_root={tmp_path}", "data.train_batch_size=3", timeout=120)
+    assert out.returncode == 2 and "data.train_batch_size = 3" in out.stderr, out.stderr
+    assert not any(tmp_path.iterdir())
+    fits = launch("--conf", "exp/tiny_cpu.yaml", f"run_root={tmp_path}", "data.train_batch_size=2", "--dry-run",
+                  timeout=120)
+    assert fits.returncode == 0, fits.stderr
+
+
 def test_verl_engine_without_gpu_stops_at_once(tmp_path):
     out = launch("--conf", "exp/SEAL.yaml", f"run_root={tmp_path}", timeout=120,
                  env={"CUDA_VISIBLE_DEVICES": ""})

@@ -23,12 +23,15 @@ from seal.recipe.compose import (
     with_input_paths,
 )
 from seal.recipe.derived import (
+    VALIDATE_AT_END_ONLY,
+    VALIDATE_NEVER,
     env_service_args,
     rollout_limits,
     run_dir,
     sampling_params,
     steps_per_epoch,
     total_training_steps,
+    validates_at,
 )
 from seal.recipe.schema import (
     ActorConfig,
@@ -45,6 +48,9 @@ from seal.recipe.schema import (
 )
 
 __all__ = [
+    "VALIDATE_AT_END_ONLY",
+    "VALIDATE_NEVER",
+    "validates_at",
     "DEFAULTS_NAME", "DEFAULT_RECIPE", "EXP_DIR", "REPO_ROOT", "ActorConfig", "AlgorithmConfig", "ConfigError",
     "DataConfig", "EnvConfig", "ModelConfig", "Recipe", "RolloutConfig", "StepLimitConfig", "TinyModelConfig",
     "TrainerConfig", "env_service_args", "from_container", "load_config", "model_dir", "model_path_value",

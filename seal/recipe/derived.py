@@ -31,6 +31,21 @@ def sampling_params(cfg: Recipe, mode: str = "train", seed: int | None = None) -
     raise ValueError(f"mode must be 'train' or 'val', got {mode!r}")
 
 
+VALIDATE_AT_END_ONLY = 0  # trainer.test_freq: validate at the last step only
+VALIDATE_NEVER = -1  # trainer.test_freq: no validation during or after training (val_before_train apart)
+
+
+def validates_at(test_freq: int, step: int, last: bool) -> bool:
+    """Whether a run validates after training step `step` (`last`: the run's final step): every `test_freq` steps
+    and at the last one; `VALIDATE_AT_END_ONLY` (0) the last one only; `VALIDATE_NEVER` (-1) none. Both engines
+    follow this rule (the verl engine through `seal.engines.verl.config.verl_test_freq`)."""
+    if test_freq < VALIDATE_NEVER:
+        raise ValueError(f"trainer.test_freq must be >= {VALIDATE_NEVER}, got {test_freq}")
+    if test_freq == VALIDATE_NEVER:
+        return False
+    return last or (test_freq > 0 and step % test_freq == 0)
+
+
 def steps_per_epoch(cfg: Recipe, num_train_tasks: int) -> int:
     """Full batches per epoch (the release's loader drops the last partial batch: 400 / 32 = 12)."""
     steps = num_train_tasks // cfg.data.train_batch_size

@@ -275,7 +275,9 @@ class AlgorithmConfig:
 class TrainerConfig:
     total_epochs: int = knob(6, source="paper", ge=1, help="epochs (12 steps per epoch -> 72 steps)")
     total_training_steps: int | None = knob(None, source="ours", ge=1, help="overrides total_epochs when set")
-    test_freq: int = knob(10, source="paper", ge=0, help="validate every N steps (and at the end); 0 = only at the end")
+    test_freq: int = knob(10, source="paper", ge=-1,
+                          help="validate every N steps and at the end; 0 = only at the end; -1 = never "
+                               "(val_before_train apart)")
     val_before_train: bool = knob(True, source="paper", help="validate before the first step")
     save_freq: int = knob(10, source="ours", ge=0,
                           help="checkpoint every N steps; the last step is always saved (release: 0 + best only)")

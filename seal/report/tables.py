@@ -33,6 +33,11 @@ BFCL_V4_PARTS: Mapping[str, tuple[str, ...]] = {
     "web_search": ("web_search_base", "web_search_no_snippet"),
 }
 BFCL_V4_HARNESS = "seal.eval.ood (BFCL's FC-runner rules)"
+# Questions per BFCL V4 sub-category in BFCL's own files (bfcl-eval's memory and web-search data; prerequisite
+# conversations not counted): a full run answers all of them, as the paper's did. tests/report/test_tables.py
+# recounts them from BFCL's data (seal.eval.ood's entries).
+BFCL_V4_QUESTIONS: Mapping[str, int] = {"memory_kv": 155, "memory_rec_sum": 155, "memory_vector": 155,
+                                        "web_search_base": 100, "web_search_no_snippet": 100}
 
 
 @dataclass(frozen=True)
@@ -302,6 +307,9 @@ def render_tables(
                    for row, reasons in (bfcl_v4_caveats or {}).items()}
         v4 = CaveatGroup("BFCL V4", bfcl_v4_caveats or {}, partial)
         parts.append(render_table(ood_spec(), ood, ood_caveats, TAU2_METRICS, more_caveats=[v4]))
+        harness = bfcl_v4_harness_note(ood)
+        if harness:
+            parts.append(harness + "\n")
     if "ablation" in tables:
         parts.append(render_table(ablation_spec(), held_in, labels=held_in_labels))
     return "\n".join(parts)
@@ -376,16 +384,36 @@ def tau2_differences(summary: Mapping[str, Any]) -> list[str] | None:
 
 def bfcl_v4_differences(summary: Mapping[str, Any]) -> list[str]:
     """How an OOD summary's BFCL V4 numbers differ from the paper's: a key that averages only some of BFCL's
-    sub-categories (``breakdown``), e.g. memory from a subset of its backends. Empty when complete or absent."""
+    sub-categories (``breakdown``), e.g. memory from a subset of its backends, or a sub-category with other than
+    BFCL's number of questions (``BFCL_V4_QUESTIONS``: a ``--tasks`` subset, or no count recorded), as the
+    held-in and τ² rows check their task counts. Each reason begins with its key. Empty when complete or absent."""
     accuracy = summary.get("accuracy") or {}
-    present = set(summary.get("breakdown") or {})
+    breakdown = summary.get("breakdown") or {}
     out = []
     for key, parts in BFCL_V4_PARTS.items():
-        if key in accuracy and not set(parts) <= present:
-            have = [p for p in parts if p in present]
+        if key not in accuracy:
+            continue
+        if not set(parts) <= set(breakdown):
+            have = [p for p in parts if p in breakdown]
             out.append(f"{key}: the mean of {', '.join(have) or 'no recorded sub-category'} only, "
                        f"not of {', '.join(parts)} (harness {BFCL_V4_HARNESS})")
+        counts = {p: (breakdown[p] or {}).get("count") for p in parts if p in breakdown}
+        off = {p: n for p, n in counts.items() if n != BFCL_V4_QUESTIONS[p]}
+        if off:
+            what = ", ".join(f"{p} {'no count recorded' if n is None else f'{n} questions'} (BFCL: "
+                             f"{BFCL_V4_QUESTIONS[p]})" for p, n in off.items())
+            out.append(f"{key}: a task subset: {what} (harness {BFCL_V4_HARNESS})")
     return out
+
+
+def bfcl_v4_harness_note(ood: Mapping[Row, Mapping[str, Estimate]]) -> str | None:
+    """The line under the OOD table naming the BFCL V4 harness of every row with a BFCL V4 number."""
+    rows = [row_label(row) for row, metrics in ood.items()
+            if any(k in metrics for k in (pn.BFCL_V4_AVERAGE, *BFCL_V4_PARTS))]
+    if not rows:
+        return None
+    return (f"BFCL V4 harness of {', '.join(rows)}: {BFCL_V4_HARNESS}; every sub-category complete "
+            f"({', '.join(f'{p} {n}' for p, n in BFCL_V4_QUESTIONS.items())} questions) unless marked †.")
 
 
 def _row_caveats(mapping: Mapping[str, Sequence[str | Path]],

@@ -167,18 +167,41 @@ def model_stop_token_ids(path: str | os.PathLike, tokenizer: Any) -> list[int]:
     return stop_token_ids(SimpleNamespace(generation_config=generation), tokenizer)
 
 
+def sampling_fields(params: SamplingParams, prompt_len: int, stop_ids: Iterable[int]) -> dict[str, Any]:
+    """The `vllm.SamplingParams` fields of one model call, for every engine: the local engine (`ColocatedVLLM`),
+    evaluation's `vllm:` policy (both through `vllm_sampling`) and the verl engine's agent loop (through its
+    adapter to verl's sampling dict, `seal.engines.verl.agent_loop.verl_sampling`). They are:
+    the model's stop tokens (kept in the call's tokens, as sampled); the per-call seed of every backend
+    (`calls.call_seed`: the episode's seed and the prompt length, so each call of an episode draws anew; none
+    without an episode seed); the log-probability of each sampled token (`logprobs=0`: the sampled token's only);
+    the call's `max_tokens`; no detokenising (token ids are the output). vLLM-free (the verl adapter's tests)."""
+    seed = call_seed(params.seed, prompt_len) if params.seed is not None else None
+    return {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
+            "max_tokens": params.max_tokens, "seed": seed, "logprobs": 0,
+            "stop_token_ids": sorted({int(s) for s in stop_ids}), "detokenize": False}
+
+
 def vllm_sampling(params: SamplingParams, prompt_len: int, stop_ids: Iterable[int]) -> Any:
-    """The `vllm.SamplingParams` of one model call, for training (`ColocatedVLLM`) and evaluation (the `vllm:`
-    policy) alike: the model's stop tokens (kept in the call's tokens, as sampled), the per-call seed of every
-    backend (`calls.call_seed`: the episode's seed and the prompt length, so each call of an episode draws anew;
-    none without an episode seed), the log-probability of each sampled token, no detokenising (token ids are
-    the output)."""
+    """The `vllm.SamplingParams` of one model call (`sampling_fields`), for training (`ColocatedVLLM`) and
+    evaluation (the `vllm:` policy) alike."""
     import vllm
 
-    seed = call_seed(params.seed, prompt_len) if params.seed is not None else None
-    return vllm.SamplingParams(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
-                               max_tokens=params.max_tokens, seed=seed, logprobs=0,
-                               stop_token_ids=sorted({int(s) for s in stop_ids}), detokenize=False)
+    return vllm.SamplingParams(**sampling_fields(params, prompt_len, stop_ids))
+
+
+def finish_reason(token_ids: list[int], stop_ids: Iterable[int], max_tokens: int | None) -> str:
+    """The finish reason vLLM gives a call that ended normally, from its tokens (vLLM's scheduler, `check_stop`:
+    a stop token ends the call with "stop" before the length cap is looked at): "stop" when the last token is one
+    of `stop_ids` (the builder's, which include the tokenizer's eos), "length" when the call reached
+    `max_tokens`. Anything else (e.g. the model's context filled up first) is an error, never read as a stop.
+    For servers that report no finish reason of their own (verl's: "completed" for both)."""
+    stops = {int(s) for s in stop_ids}
+    if token_ids and int(token_ids[-1]) in stops:
+        return "stop"
+    if max_tokens is not None and len(token_ids) >= max_tokens:
+        return "length"
+    raise RuntimeError(f"a call ended after {len(token_ids)} tokens without a stop token and below max_tokens "
+                       f"{max_tokens} (the model's context full?)")
 
 
 def vllm_generation(completion: Any) -> Generation:

@@ -1,5 +1,11 @@
 """seal/engines/verl/head_gradient.py: verl's chunked LM-head backward, computed only where the loss reaches,
-gives verl's own gradients (verl's `FusedLinearForPPOFunction`, run with and without the wrapper)."""
+gives verl's own gradients (verl's `FusedLinearForPPOFunction`, run with the wrapper and with verl's original
+function).
+
+The reference is verl's original whatever ran before in this process: `install_cpu_patches` (called in the test
+process by tests/engines/test_vllm_cpu_weight_sync.py's `cpu_patched` fixture) leaves the wrapper installed for the
+rest of the process, so the reference is taken from `verls_backward()` (the function the wrapper keeps, checked to
+be verl's) and installed for the reference run; `patched_before` runs each test after such a patch."""
 
 from __future__ import annotations
 
@@ -22,11 +28,24 @@ def _grads(hidden, weights, ids, mask, entropy_coeff):
     return log_probs.detach(), h.grad, w.grad
 
 
-@pytest.mark.parametrize("entropy_coeff", [0.0, 0.01])
-def test_the_gradient_is_verls_and_prompt_rows_are_skipped(monkeypatch, entropy_coeff):
+@pytest.fixture(params=[False, True], ids=["fresh_process", "patched_before"])
+def patched_before(request, monkeypatch):
+    """`patched_before`: the wrapper is already installed, as after install_cpu_patches in an earlier test file."""
     from verl.utils.experimental import torch_functional as fused
 
     from seal.engines.verl.head_gradient import backward_only_where_the_loss_reaches
+
+    monkeypatch.setattr(fused, "_fused_linear_for_ppo_bwd", fused._fused_linear_for_ppo_bwd)  # restored after
+    if request.param:
+        backward_only_where_the_loss_reaches()
+    return request.param
+
+
+@pytest.mark.parametrize("entropy_coeff", [0.0, 0.01])
+def test_the_gradient_is_verls_and_prompt_rows_are_skipped(monkeypatch, patched_before, entropy_coeff):
+    from verl.utils.experimental import torch_functional as fused
+
+    from seal.engines.verl.head_gradient import backward_only_where_the_loss_reaches, verls_backward
 
     torch.manual_seed(0)
     tokens, dim, vocab = 80, 8, 50
@@ -37,11 +56,18 @@ def test_the_gradient_is_verls_and_prompt_rows_are_skipped(monkeypatch, entropy_
     mask = torch.zeros(tokens)
     mask[40:55] = 1.0
     mask[60:75] = 1.0
-    want = _grads(hidden, weights, ids, mask, entropy_coeff)
-
-    monkeypatch.setattr(fused, "_fused_linear_for_ppo_bwd", fused._fused_linear_for_ppo_bwd)  # restored after
-    original = fused._fused_linear_for_ppo_bwd
+    original = verls_backward()
     rows_seen = []
+    reference_rows = []
+
+    def reference(dlog_probs, dentropy, hidden_states, vocab_weights, input_ids, temperature=1.0):
+        reference_rows.append(hidden_states.shape[0])
+        return original(dlog_probs, dentropy, hidden_states, vocab_weights, input_ids, temperature)
+
+    fused._fused_linear_for_ppo_bwd = reference  # verl's own backward, uncounted by the wrapper
+    want = _grads(hidden, weights, ids, mask, entropy_coeff)
+    # the reference ran verl's backward over every row of all five 16-row chunks: it is not the wrapper
+    assert reference_rows == [16] * 5, reference_rows
 
     def counting(dlog_probs, dentropy, hidden_states, vocab_weights, input_ids, temperature=1.0):
         rows_seen.append(hidden_states.shape[0])
@@ -60,12 +86,11 @@ def test_the_gradient_is_verls_and_prompt_rows_are_skipped(monkeypatch, entropy_
     assert sum(rows_seen) == 30 and len(rows_seen) == 3, rows_seen
 
 
-def test_a_nan_gradient_still_propagates(monkeypatch):
+def test_a_nan_gradient_still_propagates(patched_before):
     from verl.utils.experimental import torch_functional as fused
 
     from seal.engines.verl.head_gradient import backward_only_where_the_loss_reaches
 
-    monkeypatch.setattr(fused, "_fused_linear_for_ppo_bwd", fused._fused_linear_for_ppo_bwd)
     backward_only_where_the_loss_reaches()
     hidden, weights = torch.randn(4, 8), torch.randn(10, 8)
     dlog = torch.tensor([0.0, float("nan"), 0.0, 0.0])

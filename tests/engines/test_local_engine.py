@@ -216,7 +216,7 @@ def _resume_cfg(tmp_path: Path, tiny: Path, url: str, extra: tuple[str, ...] = (
         "data.max_train_tasks=null", "data.max_val_tasks=null", "data.train_batch_size=2",
         "data.max_response_length=512", "actor.ppo_mini_batch_size=1", "actor.use_kl_loss=false",
         "actor.lr=1e-3", "trainer.total_training_steps=2", "trainer.val_before_train=false",
-        "trainer.test_freq=0", "trainer.save_freq=1",
+        "trainer.test_freq=-1", "trainer.save_freq=1",
         # thresholds low enough for this small batch, so cues and error feedback move
         "seal.interface.min_tag_count=1", "seal.interface.error_min_count=1", *extra,
     ])

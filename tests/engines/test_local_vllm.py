@@ -119,7 +119,7 @@ def test_the_local_engine_learns_with_vllm(tmp_path, tmp_path_factory, service_u
     cfg = C.load_config(REPO / "exp" / "tiny_cpu.yaml", [
         *LEARN_MODEL, *learn_paths(cache), f"env.urls=[{service_url}]", f"run_root={tmp_path}",
         "rollout.backend=vllm", "rollout.deterministic_generation=false", "trainer.total_training_steps=3",
-        "trainer.val_before_train=false", "trainer.test_freq=0", "trainer.save_freq=0"])
+        "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=0"])
     run = E.setup(cfg, C.run_dir(cfg))
     try:
         assert isinstance(run.vllm, E.ColocatedVLLM)

@@ -400,6 +400,7 @@ def test_best_at_step_zero_points_at_the_base_model(model_dir, tmp_path):
 
 def test_validation_metrics_count_missing_sessions_as_failures(model_dir, tmp_path):
     trainer = make_trainer(model_dir, tmp_path)
+    trainer.global_steps = 4  # verl's fit sets it before any validation
     sources = ["multi_turn_base", "multi_turn_base", "multi_turn_miss_func"]
     uids = ["u1", "u2", "u3"]
     infos = {"reward": [1.0, 0.0, 1.0], "acc": [1.0, 0.0, 1.0],
@@ -414,6 +415,10 @@ def test_validation_metrics_count_missing_sessions_as_failures(model_dir, tmp_pa
     assert metrics["val/accuracy/average"] == 0.5 and metrics["val/excluded"] == 1.0
     assert "val-core/multi_turn_base/acc/mean@1" in metrics  # verl's own table is kept
     assert trainer.last_validation["val/accuracy/average"] == 0.5
+    # every validation episode in <run>/validation/step_4.jsonl, the lost session too (no tokens in these infos)
+    lines = [json.loads(x) for x in (tmp_path / "validation" / "step_4.jsonl").read_text().splitlines()]
+    assert [x["task_id"] for x in lines] == ["multi_turn_base_1", "multi_turn_base_2", "multi_turn_miss_func_1", ""]
+    assert lines[3]["excluded"] is True and all(x["response_ids"] is None for x in lines)
 
 
 def test_metrics_jsonl_is_flat_and_appends(tmp_path):

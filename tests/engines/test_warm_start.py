@@ -28,7 +28,7 @@ def _cfg(tmp_path: Path, url: str, *extra: str):
     return C.load_config(REPO / "exp" / "tiny_cpu.yaml", [
         f"model.path={tmp_path / 'base'}", f"model.warm_start.path={tmp_path / 'warm'}", f"env.urls=[{url}]",
         f"run_root={tmp_path / 'runs'}", "trainer.total_training_steps=1", "trainer.val_before_train=false",
-        "trainer.test_freq=0", "trainer.save_freq=0", *extra])
+        "trainer.test_freq=-1", "trainer.save_freq=0", *extra])
 
 
 def test_the_failing_twin_leaves_out_the_last_calling_turn():

@@ -307,3 +307,63 @@ def test_a_partial_bfcl_v4_memory_row_is_refused_or_marked(tmp_path: Path) -> No
     assert cells["Web Search Δ"] == "+0.50"  # web search covered both of its sub-categories: comparable
     assert "† Qwen2.5-7B-Instruct + SEAL: BFCL V4 not run under the paper's protocol" in markdown
     assert "memory_kv only" in markdown and "harness seal.eval.ood" in markdown
+
+
+def _v4_records(per_sub: dict[str, int]) -> list[dict]:
+    """Records as seal.eval.ood writes them: one per question, every third one right."""
+    key = {"memory_kv": "memory", "memory_rec_sum": "memory", "memory_vector": "memory",
+           "web_search_base": "web_search", "web_search_no_snippet": "web_search"}
+    return [{"category": key[sub], "bfcl_category": sub, "accuracy": int(i % 3 == 0)}
+            for sub, n in per_sub.items() for i in range(n)]
+
+
+def _write_v4(path: Path, per_sub: dict[str, int]) -> Path:
+    path.mkdir(parents=True)
+    summary = results.ood_summary(_v4_records(per_sub), "bfcl_v4", "vllm:model", 1.0, [])
+    (path / "summary.json").write_text(json.dumps(summary))
+    return path
+
+
+def test_a_bfcl_v4_task_subset_is_refused_or_marked_and_every_v4_row_names_its_harness(tmp_path: Path) -> None:
+    """A `--tasks` subset has every sub-category but not BFCL's number of questions: refused beside the paper's
+    row, or shown marked without a delta; a complete run is accepted and its harness named under the table."""
+    full = dict(tables.BFCL_V4_QUESTIONS)
+    subset = dict(full, web_search_base=10, web_search_no_snippet=10)
+    mapping = {"Qwen2.5-7B-Instruct+SEAL": [_write_v4(tmp_path / "subset", subset)]}
+    with pytest.raises(ValueError, match=r"web_search: a task subset: web_search_base 10 questions \(BFCL: 100\)"):
+        tables.load_ood(mapping)
+    ood = tables.load_ood(mapping, allow_partial_bfcl_v4=True)
+    markdown = tables.render_tables({}, ood, ["ood"], bfcl_v4_caveats=tables.bfcl_v4_caveats(mapping))
+    cells = cells_by_header(markdown, "Out-of-distribution", "Qwen2.5-7B-Instruct + SEAL †")
+    assert cells["Web Search Δ"] == "n/c" and cells["BFCL V4 Avg Δ"] == "n/c" and cells["Memory Δ"] != "n/c"
+    assert "a task subset" in markdown and "harness seal.eval.ood" in markdown
+
+    complete = {"Qwen2.5-7B-Instruct+SEAL": [_write_v4(tmp_path / "full", full)]}
+    assert tables.bfcl_v4_caveats(complete) == {}
+    markdown = tables.render_tables({}, tables.load_ood(complete), ["ood"])
+    assert cells_by_header(markdown, "Out-of-distribution", "Qwen2.5-7B-Instruct + SEAL")["Web Search Δ"] != "n/c"
+    assert ("BFCL V4 harness of Qwen2.5-7B-Instruct + SEAL: seal.eval.ood (BFCL's FC-runner rules)"
+            in markdown)
+
+
+def test_a_v4_summary_without_counts_is_not_taken_as_complete(tmp_path: Path) -> None:
+    path = _write_v4(tmp_path / "v4", dict(tables.BFCL_V4_QUESTIONS))
+    summary = json.loads((path / "summary.json").read_text())
+    del summary["breakdown"]["memory_kv"]["count"]
+    assert tables.bfcl_v4_differences(summary) == [
+        "memory: a task subset: memory_kv no count recorded (BFCL: 155) (harness seal.eval.ood (BFCL's FC-runner "
+        "rules))"]
+
+
+def test_bfcl_v4_question_counts_are_bfcls(tmp_path: Path) -> None:
+    """The full counts, recounted from BFCL's own data through the harness's entry lists."""
+    pytest.importorskip("bfcl_eval")
+    from seal.eval.ood import MEMORY_BACKENDS, WEB_SEARCH_CATEGORIES, memory_entries, web_search_entries
+
+    entries = [e for b in MEMORY_BACKENDS for e in memory_entries(b, tmp_path)]
+    entries += [e for c in WEB_SEARCH_CATEGORIES for e in web_search_entries(c)]
+    counted: dict[str, int] = {}
+    for e in entries:
+        if not e.is_prereq:
+            counted[e.bfcl_category] = counted.get(e.bfcl_category, 0) + 1
+    assert counted == dict(tables.BFCL_V4_QUESTIONS)

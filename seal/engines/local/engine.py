@@ -250,11 +250,11 @@ def training_step(run: LocalRun, step: int) -> dict[str, float]:
     if index == run.steps_per_epoch - 1:
         controller.end_epoch()
 
-    # 5. Validation every test_freq steps and at the last one; a checkpoint every save_freq steps, at the
-    #    last one and on a new best.
+    # 5. Validation every test_freq steps and at the last one (0: the last only, -1: never); a checkpoint every
+    #    save_freq steps, at the last one and on a new best.
     last = step == run.total_steps
     test_freq, save_freq = cfg.trainer.test_freq, cfg.trainer.save_freq
-    metrics |= validate_and_save(run, step, validate=test_freq > 0 and (step % test_freq == 0 or last),
+    metrics |= validate_and_save(run, step, validate=C.validates_at(test_freq, step, last),
                                  save=last or (save_freq > 0 and step % save_freq == 0))
     metrics["timing/step"] = time.perf_counter() - t_step
     return metrics

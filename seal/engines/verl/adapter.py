@@ -245,8 +245,9 @@ class TrainerAdapter(PPOTrainerSync):
         """
 
     @abstractmethod
-    def validation_metrics(self, records: list[EpisodeRecord]) -> dict[str, float]:
-        """Metrics added to verl's validation metrics (one record per validation episode)."""
+    def validation_metrics(self, records: list[EpisodeRecord], infos: Mapping[str, Sequence[Any]]) -> dict[str, float]:
+        """Metrics added to verl's validation metrics (one record per validation episode; `infos`: verl's
+        per-sample `reward_extra_info` lists, aligned with the first `len(data_sources)` records)."""
 
     @abstractmethod
     def checkpoint_saved(self, step: int, checkpoints: Checkpoints) -> None:
@@ -416,7 +417,7 @@ class TrainerAdapter(PPOTrainerSync):
         metrics = super()._val_metrics_update(data_sources, sample_uids, reward_extra_infos_dict, sample_turns,
                                               expected_acc_counts=expected_acc_counts)
         records = validation_records(data_sources, sample_uids, reward_extra_infos_dict, expected_acc_counts)
-        metrics.update(self.validation_metrics(records))
+        metrics.update(self.validation_metrics(records, reward_extra_infos_dict))
         return metrics
 
     def _save_checkpoint(self) -> None:

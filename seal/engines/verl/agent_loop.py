@@ -50,10 +50,14 @@ from seal.rollout.client import EnvClient
 from seal.rollout.codec import ChatCodec
 from seal.rollout.episode import run_episode
 from seal.rollout.types import Generation, Rollout, RolloutLimits, SamplingParams
+from seal.rollout.vllm_generation import finish_reason, model_stop_token_ids, sampling_fields
 
 log = logging.getLogger(__name__)
 
 FEED_KEY = "seal_feed"  # dataset-row key the trainer mode attaches to every batch it submits
+# reward_extra_info key of an evaluation episode's tokens (JSON text: verl's validation metrics skip strings); the
+# trainer keeps them in `<run>/validation/step_<N>.jsonl` (`SealTrainer.validation_metrics`)
+EPISODE_TOKENS_KEY = "episode_tokens"
 EPISODE_MODES = ("train", "eval")
 # Extras that stay in the worker: the transcript is large and the trainer does not need it.
 DROPPED_EXTRAS = ("messages",)
@@ -142,6 +146,14 @@ class _WorkerResources:
                                 max_connections=max(32, 2 * settings.concurrency_per_worker))
         self.gate = asyncio.Semaphore(settings.concurrency_per_worker)
         self._codecs: dict[int, tuple[Any, ChatCodec]] = {}
+        self._stops: dict[str, list[int]] = {}
+
+    def stop_ids(self, model_path: str, tokenizer: Any) -> list[int]:
+        """The model's stop tokens (`model_stop_token_ids`: the tokenizer's eos and the generation config's eos
+        ids, as the local engine and the `vllm:` policy stop), read once per model."""
+        if model_path not in self._stops:
+            self._stops[model_path] = model_stop_token_ids(model_path, tokenizer)
+        return self._stops[model_path]
 
     def checking_codec(self, tokenizer: Any) -> ChatCodec:
         """`tokenizer`'s codec with the full-render check on, built once per tokenizer."""
@@ -207,19 +219,40 @@ class _GlobalSteps:
         return {"min_global_steps": low, "max_global_steps": high}
 
 
-def make_generate(server_manager: Any, base_params: dict[str, Any], request_id: str, steps: _GlobalSteps):
+def verl_sampling(fields: dict[str, Any]) -> dict[str, Any]:
+    """verl's sampling dict for the sampler's fields (`seal.rollout.vllm_generation.sampling_fields`), such that
+    verl's vLLM server builds the same `vllm.SamplingParams` from it as the local engine and the `vllm:` policy.
+
+    verl's server (`vLLMHttpServer.generate`) pops `max_tokens` (absent: its own budget), turns a true `logprobs`
+    into vLLM's 0 and anything false into None (so the sampler's `logprobs=0` goes as True), sets
+    `repetition_penalty` and `ignore_eos` when absent (verl's rollout config: 1.0 and false, vLLM's defaults), adds
+    a seed when absent under its `full_determinism`, and passes the rest to `vllm.SamplingParams`. A None
+    `max_tokens` or seed is left out (verl's own defaults apply, as vLLM's would)."""
+    out = {k: v for k, v in fields.items() if not (k in ("max_tokens", "seed") and v is None)}
+    out["logprobs"] = fields.get("logprobs") is not None
+    return out
+
+
+def episode_params(verl_params: dict[str, Any]) -> SamplingParams:
+    """An episode's `SamplingParams` from the dict verl hands the agent loop: its temperature, top_p and top_k
+    (training's, or `val_kwargs` for validation); every other field comes from the sampler (`make_generate`). No
+    episode seed: verl's episodes draw from the server engine's seeded generator (docs/verl_engine.md, "One
+    sampler"), as evaluation's do."""
+    return SamplingParams(temperature=float(verl_params.get("temperature", 1.0)),
+                          top_p=float(verl_params.get("top_p", 1.0)), top_k=int(verl_params.get("top_k", -1)))
+
+
+def make_generate(server_manager: Any, stop_ids: list[int], request_id: str, steps: _GlobalSteps):
     """A `seal.rollout.types.GenerateFn` over verl's `LLMServerClient.generate` (token ids in and out).
 
-    `base_params` are the sampling params verl gives the agent loop (validation overrides already
-    applied, `logprobs` on when the trainer needs rollout log-probs); each call adds its `max_tokens`.
-    One `request_id` per episode keeps the episode on one server (prefix-cache reuse).
+    Each call's sampling comes from the sampler every engine shares (`sampling_fields`: the model's `stop_ids`,
+    the seed rule, log-probs, the call's `max_tokens`), through `verl_sampling`; its finish reason from its tokens
+    (`finish_reason`: verl's server reports "completed" for a stop and a length cap alike). One `request_id` per
+    episode keeps the episode on one server (prefix-cache reuse).
     """
 
     async def generate(prompt_ids: list[int], params: SamplingParams) -> Generation:
-        sampling = dict(base_params)
-        sampling.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k)
-        if params.max_tokens is not None:
-            sampling["max_tokens"] = int(params.max_tokens)
+        sampling = verl_sampling(sampling_fields(params, len(prompt_ids), stop_ids))
         out = await server_manager.generate(request_id=request_id, prompt_ids=list(prompt_ids),
                                             sampling_params=sampling)
         if out.stop_reason in ("aborted", "abort"):
@@ -227,9 +260,8 @@ def make_generate(server_manager: Any, base_params: dict[str, Any], request_id: 
             raise RuntimeError(f"generation aborted by the rollout server (request {request_id})")
         steps.add(dict(out.extra_fields or {}))
         ids = [int(t) for t in out.token_ids]
-        finish = "length" if params.max_tokens is not None and len(ids) >= params.max_tokens else "stop"
         logprobs = None if out.log_probs is None else [float(x) for x in out.log_probs]
-        return Generation(ids, finish, logprobs)
+        return Generation(ids, finish_reason(ids, stop_ids, params.max_tokens), logprobs)
 
     return generate
 
@@ -265,6 +297,9 @@ def rollout_to_output(rollout: Rollout, *, eos_id: int, fallback_prompt_ids: lis
         "task_id": rollout.task_id,
         "excluded": float(rollout.excluded),
     }
+    if rollout.mode == "eval" and not placeholder:  # validation: its tokens, as sampled, for the run directory
+        extras["reward_extra_info"][EPISODE_TOKENS_KEY] = json.dumps(
+            {"prompt_ids": prompt_ids, "response_ids": response_ids, "response_mask": response_mask})
     metrics = AgentLoopMetrics(generate_sequences=rollout.model_time_s, tool_calls=rollout.env_time_s)
     return AgentLoopOutput(
         prompt_ids=prompt_ids,
@@ -297,12 +332,11 @@ class SealBfclAgentLoop(AgentLoopBase):
                             "the raw interface", FEED_KEY, "seal")
                 SealBfclAgentLoop.warned_no_feed = True
             feed = EpisodeFeed()
-        params = SamplingParams(temperature=float(sampling_params.get("temperature", 1.0)),
-                                top_p=float(sampling_params.get("top_p", 1.0)),
-                                top_k=int(sampling_params.get("top_k", -1)))
+        params = episode_params(sampling_params)
         fallback_step = kwargs.get("global_steps")
         steps = _GlobalSteps(int(fallback_step) if fallback_step is not None else None)
-        generate = make_generate(self.server_manager, sampling_params, uuid4().hex, steps)
+        stop_ids = resources.stop_ids(str(self.config.actor_rollout_ref.model.path), self.tokenizer)
+        generate = make_generate(self.server_manager, stop_ids, uuid4().hex, steps)
         reward_fn = partial(compute_reward, cfg=settings.reward_cfg, training_progress=feed.training_progress)
         # With `rollout.check_template` every observation's tokens are checked against a full re-render of the
         # conversation with the model's own chat template (a mismatch raises and fails the run).

@@ -255,11 +255,22 @@ def algorithm_overrides(alg: C.AlgorithmConfig) -> dict[str, Any]:
     }
 
 
+VERL_LAST_STEP_ONLY = 2**31 - 1  # a test_freq no run reaches
+
+
+def verl_test_freq(test_freq: int) -> int:
+    """verl's `trainer.test_freq` for the recipe's (`seal.recipe.validates_at`): verl validates when `test_freq > 0
+    and (is_last_step or step % test_freq == 0)`, so the recipe's 0 (the last step only) goes as a frequency no run
+    reaches, its -1 (never) as verl's -1."""
+    C.validates_at(test_freq, 1, False)  # refuses a value below -1
+    return {C.VALIDATE_NEVER: -1, C.VALIDATE_AT_END_ONLY: VERL_LAST_STEP_ONLY}.get(test_freq, int(test_freq))
+
+
 def trainer_overrides(t: C.TrainerConfig, experiment_name: str, run_dir: Path) -> dict[str, Any]:
     return {
         "trainer.total_epochs": t.total_epochs,
         "trainer.total_training_steps": (None if t.total_training_steps is None else int(t.total_training_steps)),
-        "trainer.test_freq": t.test_freq if t.test_freq > 0 else -1,
+        "trainer.test_freq": verl_test_freq(t.test_freq),
         "trainer.val_before_train": t.val_before_train,
         # verl saves when save_freq > 0; with 0 our trainer still saves the last step (docs/config.md).
         "trainer.save_freq": t.save_freq if t.save_freq > 0 else -1,

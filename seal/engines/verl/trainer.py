@@ -11,6 +11,7 @@ The mode runs synchronously (`trainer_mode` reads "sync" for verl's own checks):
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -29,9 +30,10 @@ from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 from seal import recipe as C
 from seal.core.controller import STATE_FILE, SealController
 from seal.core.record import EpisodeRecord, record_columns
+from seal.engines.advantage_record import ADVANTAGES_FILE, append_record, row_values, step_record
 from seal.engines.local.warm_start import probe_episodes
 from seal.engines.verl.adapter import TrainerAdapter
-from seal.engines.verl.agent_loop import EpisodeFeed
+from seal.engines.verl.agent_loop import EPISODE_TOKENS_KEY, EpisodeFeed
 from seal.engines.verl.config import TRAINER_MODE
 from seal.rollout.episode import check_infra_loss
 from seal.run_dir import Checkpoints, RunDir, best_record, improves, transcript_entry, write_transcripts
@@ -100,10 +102,14 @@ class SealTrainer(TrainerAdapter):
         check_infra_loss(episodes, self.recipe.env.max_infra_loss, ", ".join(self.recipe.env.urls),
                          self.run.env_service_log)
         metrics.update(self.controller.observe(episodes, self.global_steps))
+        grpo: list[tuple[float | None, float]] = []
         metrics.update(seal_advantages(data, records, self.controller, self.global_steps,
                                        algorithm=self.config.algorithm,
                                        num_repeat=int(self.config.actor_rollout_ref.rollout.n),
-                                       batch_keys=batch_keys))
+                                       batch_keys=batch_keys, grpo_rows=grpo))
+        # `<run>/advantages.jsonl`: what the update is given, checkable against GRPO × A-Patch from outside.
+        append_record(self.run.root / ADVANTAGES_FILE, advantage_step_record(
+            data, grpo, self.controller, self.global_steps, self.config.algorithm))
 
     def weights_synced(self) -> dict[str, float]:
         """After every weight sync: the requests each vLLM replica served since the last sync (when the servers
@@ -127,8 +133,9 @@ class SealTrainer(TrainerAdapter):
             self.save_checkpoint()
 
     # ================================================================== validation and the best checkpoint
-    def validation_metrics(self, records: list[EpisodeRecord]) -> dict[str, float]:
+    def validation_metrics(self, records: list[EpisodeRecord], infos: Mapping[str, Sequence[Any]]) -> dict[str, float]:
         self.last_validation = self.controller.validation_metrics(records)
+        write_validation_tokens(self.run.validation_file(self.global_steps), records, infos)
         return self.last_validation
 
     def on_validate_end(self) -> None:
@@ -186,6 +193,22 @@ class SealTrainer(TrainerAdapter):
 
     def metrics_jsonl_path(self) -> Path | None:
         return self.run.metrics_file if "jsonl" in list(self.recipe.trainer.logger) else None
+
+
+def write_validation_tokens(path: Path, records: Sequence[EpisodeRecord], infos: Mapping[str, Sequence[Any]]) -> None:
+    """`<run>/validation/step_<N>.jsonl` of the verl engine: one line per validation episode (task_id, category,
+    accuracy, excluded) with its token ids as sampled (`prompt_ids`, `response_ids`, `response_mask`; null for an
+    episode that never ran), from the agent loop's `EPISODE_TOKENS_KEY`. What a check of the run's greedy episodes
+    against `seal-eval --policy vllm:` reads (`seal.eval.same_tokens`)."""
+    tokens = list(infos.get(EPISODE_TOKENS_KEY, []))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as fh:
+        for i, r in enumerate(records):
+            seq = json.loads(tokens[i]) if i < len(tokens) and tokens[i] else {}
+            fh.write(json.dumps({"task_id": r.task_id, "category": r.category, "accuracy": r.accuracy,
+                                 "excluded": r.excluded, "prompt_ids": seq.get("prompt_ids"),
+                                 "response_ids": seq.get("response_ids"),
+                                 "response_mask": seq.get("response_mask")}) + "\n")
 
 
 # =========================================================================== the weight probe
@@ -291,6 +314,20 @@ def server_request_count(address: str, timeout_s: float = 10.0) -> float:
 
 
 # =========================================================================== the advantage computation
+def advantage_step_record(data: DataProto, grpo: Sequence[tuple[float | None, float]], controller: SealController,
+                          step: int, algorithm: Any) -> dict[str, Any]:
+    """The step's line of `advantages.jsonl` (seal.engines.advantage_record), after `seal_advantages` ran on
+    `data`: A-Patch's knobs and the weights it used this step (`update_weights` returns the step's weights
+    again: they move once per step)."""
+    cfg = controller.apatch_cfg
+    apatch = {"enabled": bool(cfg.enable), "warmup_steps": int(cfg.warmup_steps), "apply_to": cfg.apply_to,
+              "min_scale": float(cfg.min_scale), "max_scale": float(cfg.max_scale), "tags_column": cfg.tags_column,
+              "weights": dict(controller.update_weights(step)) if cfg.enable else {}}
+    excluded = [bool(x) for x in data.non_tensor_batch["excluded"]]
+    return step_record(step, data, grpo, apatch, bool(algorithm.get("norm_adv_by_std_in_grpo", True)),
+                       controller.adaptive_cfg.task_weights, excluded)
+
+
 def seal_advantages(
     data: DataProto,
     records: Sequence[EpisodeRecord | None],
@@ -300,6 +337,7 @@ def seal_advantages(
     algorithm: Any,
     num_repeat: int,
     batch_keys: Sequence[str] | None = None,
+    grpo_rows: list[tuple[float | None, float]] | None = None,
 ) -> dict[str, float]:
     """GRPO through verl, then A-Patch through the controller; `data.batch["advantages"]` is replaced.
 
@@ -314,6 +352,8 @@ def seal_advantages(
         num_repeat: rollouts per prompt (`actor_rollout_ref.rollout.n`).
         batch_keys: TransferQueue keys `{uid}_{session}_{index}` (v1 path: verl's multi-trajectory
             GRPO); None = verl's plain `compute_advantage`.
+        grpo_rows: filled, when given, with each row's GRPO advantage before A-Patch
+            (`seal.engines.advantage_record.row_values`: excluded rows already zeroed).
 
     Excluded rows (and padding rows) get a uid of their own, so they do not enter the mean/std of the
     real groups (a lone member gets mean 0, std 1 in verl), and their advantages are zeroed.
@@ -342,6 +382,8 @@ def seal_advantages(
     keep = torch.as_tensor(~excluded, dtype=data.batch["advantages"].dtype).unsqueeze(-1)
     data.batch["advantages"] = data.batch["advantages"] * keep
     data.batch["returns"] = data.batch["returns"] * keep
+    if grpo_rows is not None:
+        grpo_rows[:] = row_values(data.batch["advantages"], data.batch["response_mask"])
 
     metrics = controller.reweight(data, step)
     metrics["seal/excluded_rows"] = float(excluded.sum())
