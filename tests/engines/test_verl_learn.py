@@ -137,6 +137,25 @@ def test_verl_learns_on_two_ranks_and_resumes(tmp_path, tmp_path_factory):
     end = {t: rows[STEPS][f"probe/p_ground_truth/{t}"] for t in tasks}
     # The bar docs/verl_engine.md states: the two tasks' p(ground truth) rise by 0.1 in sum (0.05 each on average).
     assert sum(end.values()) > sum(start[t] for t in tasks) + 0.1, (start, end)
+    # verl's update used A-Patch's advantages: the per-row record, recomputed (GRPO from the rewards x each row's
+    # A-Patch scale from its tags), at every step of both launches.
+    from seal.engines.advantage_record import check_advantage_record
+
+    record = check_advantage_record(run / "advantages.jsonl", steps=list(range(1, STEPS + 1)))
+    print("advantage record:", record)
+    assert record["scaled"] > 0, record
+    # One sampler for every engine: the last validation's greedy episode (step 3, verl's vLLM server) gives the same
+    # token ids as `seal-eval --policy vllm:` on step 3's checkpoint export with the run's vLLM settings, against an
+    # env service started with the run's settings.
+    from env_service.process import running_service
+    from seal import recipe as C
+    from seal.eval.same_tokens import same_tokens_as_vllm_policy
+
+    recipe = C.load_config(run / "config.yaml")
+    with running_service(C.env_service_args(recipe)) as (url, _proc):
+        same = same_tokens_as_vllm_policy(run, url)
+    print("same tokens:", {k: v for k, v in same.items() if k != "tokens"})
+    assert same["same"], same["first_difference"]
     # The final checkpoint's weights, measured as the warm start measures them, are the ones vLLM served.
     hf = ck / f"global_step_{STEPS}" / "actor" / "huggingface"
     model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
