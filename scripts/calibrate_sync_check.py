@@ -72,25 +72,21 @@ def response_logits(model: Any, e: dict) -> torch.Tensor:
         return model.lm_head(hidden[e["all_positions"] - 1]).float()
 
 
-def token_logprobs(model: Any, episodes: list[dict]) -> dict[str, list[torch.Tensor]]:
-    """Per token set, per episode: log p of that set's tokens (see `TOKEN_SETS`)."""
+def token_logprobs(model: Any, episodes: list[dict], draw_seed: int | None = None) -> dict[str, list[torch.Tensor]]:
+    """Per token set, per episode: log p of that set's tokens (see `TOKEN_SETS`). With `draw_seed`, first draw
+    the episodes' model tokens from this model's distribution at every response position (teacher-forced)."""
+    gen = torch.Generator().manual_seed(draw_seed) if draw_seed is not None else None
     out: dict[str, list[torch.Tensor]] = {s: [] for s in TOKEN_SETS}
     for e in episodes:
         logp = torch.log_softmax(response_logits(model, e), -1)
+        if gen is not None:
+            e["drawn"] = torch.multinomial(logp.exp(), 1, generator=gen)[:, 0]
         sampled = e["sampled_mask"]  # response positions the model sampled (verl's response_mask)
         out["episode"].append(logp[sampled].gather(-1, e["ids"][e["all_positions"]][sampled][:, None])[:, 0])
         drawn = logp.gather(-1, e["drawn"][:, None])[:, 0]
         out["drawn"].append(drawn[sampled])
         out["drawn_all_positions"].append(drawn)
     return out
-
-
-def draw_tokens(model: Any, episodes: list[dict], seed: int) -> None:
-    """One token drawn from the float32 model's distribution at every response position (teacher-forced)."""
-    gen = torch.Generator().manual_seed(seed)
-    for e in episodes:
-        probs = torch.softmax(response_logits(model, e), -1)
-        e["drawn"] = torch.multinomial(probs, 1, generator=gen)[:, 0]
 
 
 def one_update(model: Any, episodes: list[dict], lr: float, weight_decay: float, grad: list[torch.Tensor],
@@ -178,8 +174,7 @@ def measure(model_dir: Path, task_ids: list[str], lrs: list[float], seed: int) -
     print(f"episodes (task, tokens, sampled tokens): {shown} ({time.time() - t0:.0f} s)", flush=True)
 
     fp32 = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
-    draw_tokens(fp32, episodes, seed)
-    base_fp32 = token_logprobs(fp32, episodes)
+    base_fp32 = token_logprobs(fp32, episodes, draw_seed=seed)
     base_bf16 = token_logprobs(copy.deepcopy(fp32).to(torch.bfloat16), episodes)
     print(f"forwards of the base model done ({time.time() - t0:.0f} s)", flush=True)
     result: dict[str, Any] = {
