@@ -30,16 +30,24 @@ from typing import Any
 MEAN_KEY = "training/rollout_probs_diff_mean"
 VALID_KEY = "training/rollout_probs_diff_valid"
 
-# scripts/calibrate_sync_check.py, SmolLM2-135M-Instruct, multi_turn_base_100's ground-truth episode (3,679
-# tokens), CPU: mean |Δp| over the episode's sampled tokens / tokens drawn from the model at those positions /
-# drawn tokens at every response position.
-HEALTHY_BF16_VS_FP32_MEAN = (0.0, 0.0, 0.0)  # filled from the measurement
-STALE_LR_1E6_MEAN = (0.0, 0.0, 0.0)
-STALE_LR_1E4_MEAN = (0.0, 0.0, 0.0)
+# Measured by scripts/calibrate_sync_check.py (SmolLM2-135M-Instruct, CPU, the ground-truth episode of
+# multi_turn_base_100 as training renders it: 3,679 tokens, 291 response tokens of which 75 sampled): verl's
+# `training/rollout_probs_diff_mean` for three token sets (the episode's sampled tokens / tokens drawn from the
+# model at those positions / drawn tokens at all 291 response positions).
+HEALTHY_BF16_VS_FP32_MEAN = (0.00943, 0.00761, 0.00737)  # bf16 vs fp32 forward of the same weights
+STALE_LR_1E6_MEAN = (0.00843, 0.00673, 0.00708)  # bf16 before vs fp32 after one AdamW update at lr 1e-6
+STALE_LR_1E4_MEAN = (0.278, 0.142, 0.0802)  # the same at lr 1e-4
 
-MEAN_LIMIT = 0.0
-JUMP_FACTOR = 0.0
-JUMP_FLOOR = 0.0
+# The level: 3.2x the highest healthy mean, 2.7x below the lowest stale mean at lr 1e-4. A one-step-stale sync
+# at the paper's lr 1e-6 is NOT separable by these metrics: its means fall inside the healthy range (one update
+# changed the bf16 value of 4.4% of the weights; its own effect, fp32 on both sides, is a mean |Δp| of
+# 0.0012-0.0044, under the bf16 rounding's 0.0074-0.0094). The check catches a sync that is off by more than that
+# (an lr-1e-4-sized change, about 100 consistent lr-1e-6 steps, or wrong weights); the weight probe's exact
+# before/after comparison is what sees a missed sync at lr 1e-6 (docs/verl_engine.md, "The sync check").
+MEAN_LIMIT = 0.03
+# The jump: healthy token sets differ by up to 1.28x; a stale lr-1e-4 step is at least 8.5x the healthy level.
+JUMP_FACTOR = 2.0
+JUMP_FLOOR = 0.005
 
 
 def _mean(row: Mapping[str, Any]) -> float | None:
