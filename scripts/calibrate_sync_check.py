@@ -22,7 +22,10 @@ replay), so prompts, observations and masks are exactly what a training rollout 
 episode's own sampled tokens (the ground truth), and, at the same positions, tokens drawn from the float32 model's
 distribution there (closer to what on-policy sampling puts in the batch).
 
-    python scripts/calibrate_sync_check.py --out runs/_calibration/sync_check.json   # ~15 min on 2 CPU cores
+    python scripts/calibrate_sync_check.py --out runs/_calibration/sync_check.json
+
+(`--tasks multi_turn_base_100 --lrs 1e-6 1e-4`, the figures in docs/verl_engine.md, took 7 minutes on a loaded
+2-core machine; the default adds a 6,659-token episode and lr 1e-5, about three times as long.)
 
 Writes one JSON object: per pattern and token set, verl's metrics plus percentiles of |Δp|.
 """
