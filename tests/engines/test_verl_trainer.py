@@ -239,7 +239,7 @@ def test_update_actor_is_skipped_without_a_learning_signal(model_dir, tmp_path, 
     fields = [output_fields(rollout("multi_turn_base_1", r, ["state_mismatch"], n, [1] * n), "A")
               for r, n in zip(rewards, (3, 4), strict=True)]
     fake.kv_batch_put(keys, "train", fields=list_of_dict_to_tensordict(fields))
-    batch = SimpleNamespace(keys=keys, partition_id="train", tags=[{"status": "success"}] * 2)
+    batch = SimpleNamespace(keys=keys, partition_id="train", tags=[{"status": "success"}] * 2, extra_info={})
     calls = []
     monkeypatch.setattr(VA.PPOTrainerSync, "_update_actor", lambda self, b, m: calls.append(b) or b)
     metrics: dict = {}
@@ -247,6 +247,9 @@ def test_update_actor_is_skipped_without_a_learning_signal(model_dir, tmp_path, 
     assert trainer._update_actor(batch, metrics) is batch
     assert metrics["actor/update_skipped"] == float(skipped)
     assert calls == ([] if skipped else [batch])
+    # an update that runs keeps the recipe's micro-batch: verl's actor engine reads the switch from the batch
+    # first (its dynamic batches are for the forward-only passes; tests/engines/test_verl_cpu_engine.py)
+    assert batch.extra_info == ({} if skipped else {"use_dynamic_bsz": False})
     if skipped:  # the one skip record of both engines (the local engine's: tests/engines/test_local_engine.py)
         actor = {k: v for k, v in metrics.items() if k.startswith("actor/")}
         assert actor == skipped_update_metrics() and set(actor) == set(SKIPPED_UPDATE_KEYS)

@@ -26,7 +26,8 @@ what                       where in verl 0.9.1  ->  why
                            correction are done as verl's own method does them
 `_update_actor`            step 9 of `PPOTrainer._step_once`  -> skipped when the advantage step found no
                            learning signal (`no_learning_signal`: every advantage zero, no entropy bonus),
-                           as the local engine skips it; logged as `actor/update_skipped`
+                           as the local engine skips it; logged as `actor/update_skipped`; else run with
+                           `use_dynamic_bsz: false` in the batch (the recipe's micro-batch)
 `_val_metrics_update`      called by `PPOTrainer._validate` with per-sample `reward_extra_info` lists and
                            the expected counts  -> per-category validation accuracy, a failed session
                            counted as a failure (`validation_records`)
@@ -403,6 +404,9 @@ class TrainerAdapter(PPOTrainerSync):
     def _update_actor(self, batch: Any, metrics: dict) -> Any:
         if not self.__dict__.pop("_no_learning_signal", False):
             metrics["actor/update_skipped"] = 0.0
+            # verl's actor engine has one dynamic-batch switch for its forward-only pass and its update; a key
+            # the batch carries wins over the engine's: the update keeps the recipe's micro-batch (gpu_settings).
+            batch.extra_info["use_dynamic_bsz"] = False
             return super()._update_actor(batch, metrics)
         # The policy-gradient term is exactly zero: no forward/backward/optimizer step (the local engine's
         # rule, `seal.engines.batching.no_learning_signal`). The weights are unchanged, so the weight sync

@@ -31,6 +31,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from seal import recipe as C
+from seal.engines.verl.gpu_settings import gpu_overrides
 from seal.io_utils import input_path
 from seal.run_dir import VERL_STEP_PREFIX, RunDir
 
@@ -144,8 +145,7 @@ def recipe_overrides(cfg: C.Recipe, run_dir: Path) -> dict[str, Any]:
         **trainer_overrides(cfg.trainer, cfg.experiment_name, run_dir),
         **resume_settings(cfg.trainer.resume),
     }
-    if cfg.trainer.device == "cpu":
-        out.update(cpu_overrides(cfg))
+    out.update(cpu_overrides(cfg) if cfg.trainer.device == "cpu" else gpu_overrides(cfg))
     return out
 
 
