@@ -163,15 +163,16 @@ def test_storage_units_are_lowered_to_fit_and_the_run_applies_it(monkeypatch, tm
 
 def test_save_plan_of_the_paper_recipe():
     """Qwen2.5-7B: 7,615,616,512 parameters (its published config); fp32 FSDP shards, 2 AdamW states and verl's
-    HF export of the fp32 state dict: 121.8 GB a full save. 72 steps, save every 10 -> 8 saves; the default
-    policy (keep_full_checkpoints 2) keeps 3 in full (the newest 2 and the best) and 5 HF exports."""
+    HF export of the fp32 state dict: 121.8 GB a full save. 72 steps, save every 10 -> 8 saves; at the peak, during
+    the last save, the default policy (keep_full_checkpoints 2) holds 4 in full (the newest 2, the best and the new
+    save, not yet pruned) and 4 HF exports."""
     shape = P.model_shape(P.PUBLISHED_CONFIGS["Qwen/Qwen2.5-7B-Instruct"])
     assert shape.params == 7_615_616_512
     assert P.saved_steps(72, 10) == [10, 20, 30, 40, 50, 60, 70, 72] and P.saved_steps(5, 0) == [5]
     plan = P.save_plan(shape.params, 4, 72, 10, keep_full=2)
-    assert (plan.total_saves, plan.full_kept) == (8, 3)
+    assert (plan.total_saves, plan.full_kept) == (8, 4)
     assert plan.full_save == shape.params * 16 and plan.hf_export == shape.params * 4
-    assert round(plan.total / GB) == 518
+    assert round(plan.total / GB) == 609
 
 
 def test_a_tiny_disk_fails_naming_the_policy_knob(monkeypatch, tmp_path):
@@ -179,7 +180,7 @@ def test_a_tiny_disk_fails_naming_the_policy_knob(monkeypatch, tmp_path):
     monkeypatch.setattr(probes, "disk_free", lambda path: 100 * GB)
     row = K.disk_row(plan, tmp_path, "trainer.keep_full_checkpoints")
     assert row.verdict == K.FAIL and "trainer.keep_full_checkpoints=1" in row.fix and "609.3 GB" in row.needed
-    monkeypatch.setattr(probes, "disk_free", lambda path: 600 * GB)
+    monkeypatch.setattr(probes, "disk_free", lambda path: 700 * GB)
     assert K.disk_row(plan, tmp_path, "trainer.keep_full_checkpoints").verdict == K.OK
 
 
@@ -210,6 +211,7 @@ def test_memory_plan_of_the_paper_recipe(tmp_path):
 def test_dynamic_log_prob_budget_sets_the_forward_tokens(tmp_path):
     _cfg, vc = verl_cfg("SEAL.yaml", tmp=tmp_path)
     sec = "actor_rollout_ref.rollout"
+    # The GPU path's dynamic forward batches (gpu_settings.forward_token_budget): the longest sequence's tokens.
     assert P.tokens_per_pass(vc, sec, "log_prob_micro_batch_size_per_gpu", "log_prob_use_dynamic_bsz",
                              "log_prob_max_token_len_per_gpu") == 8192 + 4096
     from omegaconf import OmegaConf

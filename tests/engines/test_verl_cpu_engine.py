@@ -153,7 +153,7 @@ def test_remove_padding_forward_under_sdpa_matches_unpacked(tmp_path):
 
 
 # Sequences of varied lengths and a token budget that needs several forward calls for them (the GPU recipe's
-# budget, 16,384 tokens, would hold them all in one call: the equality cannot depend on the budget's size).
+# budget, 12,288 tokens, would hold them all in one call: the equality cannot depend on the budget's size).
 DYNAMIC_LENGTHS = (7, 12, 5, 9, 15, 3, 11)
 DYNAMIC_BUDGET = 24
 

@@ -12,6 +12,7 @@ pytest.importorskip("verl")
 
 from seal import launcher  # noqa: E402
 from seal.engines.verl import config as vc  # noqa: E402
+from seal.engines.verl import cpu_settings as cs  # noqa: E402
 from seal.recipe import load_config  # noqa: E402
 
 
@@ -76,11 +77,11 @@ def test_cpu_mapping():
     # The GPU recipe's rollout: verl's vLLM async servers (vLLM's CPU build), with the CPU settings.
     assert a.rollout.name == "vllm" and a.rollout.mode == "async" and v.trainer.device == "cpu"
     assert a.rollout.enable_sleep_mode is False and a.rollout.free_cache_engine is False and a.rollout.enforce_eager
-    assert a.rollout.checkpoint_engine.update_weights_bucket_megabytes == vc.CPU_WEIGHT_BUCKET_MB
-    assert a.rollout.engine_kwargs.vllm.kv_cache_memory_bytes == vc.CPU_KV_CACHE_BYTES
+    assert a.rollout.checkpoint_engine.update_weights_bucket_megabytes == cs.CPU_WEIGHT_BUCKET_MB
+    assert a.rollout.engine_kwargs.vllm.kv_cache_memory_bytes == cs.CPU_KV_CACHE_BYTES
     assert a.rollout.max_model_len == 8192 and v.seal.recipe.rollout.check_template
     assert a.actor.strategy == a.ref.strategy == "fsdp2"
-    assert dict(a.actor.fsdp_config.mixed_precision) == vc.FP32_MIXED_PRECISION
+    assert dict(a.actor.fsdp_config.mixed_precision) == cs.FP32_MIXED_PRECISION
     assert v.ray_kwargs.ray_init.num_gpus == 1 and a.model.use_fused_kernels
     # The GPU recipe keeps vLLM and no extra Ray resources.
     g = vc.to_verl_config(load_config("exp/SEAL.yaml", ["actor.offload=optimizer"]), "/tmp/x")
@@ -103,16 +104,17 @@ def test_gpu_mapping_runs_the_tested_path():
     # verl resolves the reference's strategy by interpolation from the actor's: both resolved values are fsdp2
     assert a.actor.strategy == a.ref.strategy == a.actor.fsdp_config.strategy == a.ref.fsdp_config.strategy == "fsdp2"
     budget = gs.forward_token_budget(cfg)
-    assert budget == 16384 == cfg.rollout.max_model_len >= cfg.data.max_prompt_length + cfg.data.max_response_length
+    assert budget == 12288 == cfg.data.max_prompt_length + cfg.data.max_response_length <= cfg.rollout.max_model_len
     assert a.actor.use_dynamic_bsz and a.rollout.log_prob_use_dynamic_bsz and a.ref.log_prob_use_dynamic_bsz
     assert a.rollout.log_prob_max_token_len_per_gpu == a.ref.log_prob_max_token_len_per_gpu == budget
     # the update: the paper's micro-batch (the adapter sends use_dynamic_bsz false with each update batch)
     assert a.actor.ppo_micro_batch_size_per_gpu == cfg.actor.ppo_micro_batch_size_per_gpu == 1
     # verl's own config check accepts it (what verl's main_ppo runs before building the workers)
     validate_config(g, use_reference_policy=True, use_critic=False)
-    # a longer context than the recipe's: the budget follows it (the recipe keeps every sequence within it)
-    long = vc.to_verl_config(load_config("exp/SEAL.yaml", ["rollout.max_model_len=32768"]), "/tmp/x")
-    assert long.actor_rollout_ref.ref.log_prob_max_token_len_per_gpu == 32768
+    # longer sequences than the recipe's: the budget follows the longest one
+    long = vc.to_verl_config(load_config("exp/SEAL.yaml", ["rollout.max_model_len=32768",
+                                                           "data.max_response_length=16384"]), "/tmp/x")
+    assert long.actor_rollout_ref.ref.log_prob_max_token_len_per_gpu == 8192 + 16384
     # the CPU path keeps its own settings (fixed micro-batches, FSDP2)
     c = vc.to_verl_config(load_config("exp/tiny_verl_cpu.yaml", []), "/tmp/x").actor_rollout_ref
     assert not c.actor.use_dynamic_bsz and not c.ref.log_prob_use_dynamic_bsz and c.ref.strategy == "fsdp2"

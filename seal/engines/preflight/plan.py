@@ -237,8 +237,11 @@ def memory_plan(verl_cfg: Any, shape: ModelShape, card: int, world: int) -> list
     util = float(sel(verl_cfg, f"{ar}.rollout.gpu_memory_utilization"))
     bucket = int(sel(verl_cfg, f"{ar}.rollout.checkpoint_engine.update_weights_bucket_megabytes", 0) or 0) << 20
     contexts = 2 * CUDA_CONTEXT_BYTES
-    update_tokens = tokens_per_pass(verl_cfg, f"{ar}.actor", "ppo_micro_batch_size_per_gpu",
-                                    "use_dynamic_bsz", "ppo_max_token_len_per_gpu")
+    # The update runs at the recipe's micro batch whatever `actor.use_dynamic_bsz` says: verl 0.9.1 ties that switch
+    # to the forward-only passes', and the adapter sends `use_dynamic_bsz: false` with every update batch
+    # (seal.engines.verl.gpu_settings).
+    update_tokens = int(sel(verl_cfg, f"{ar}.actor.ppo_micro_batch_size_per_gpu") or 1) * (
+        int(sel(verl_cfg, "data.max_prompt_length")) + int(sel(verl_cfg, "data.max_response_length")))
     lp_tokens = max(tokens_per_pass(verl_cfg, f"{ar}.{part}", "log_prob_micro_batch_size_per_gpu",
                                     "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu")
                     for part in ("rollout", "ref"))

@@ -67,7 +67,6 @@ import logging
 import os
 import time
 from abc import abstractmethod
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -113,7 +112,7 @@ from seal.core.record import EpisodeRecord, object_array  # noqa: E402
 from seal.engines.batching import no_learning_signal, skipped_update_metrics  # noqa: E402
 from seal.engines.checkpoint_policy import KEEP_KNOB, SaveSigner, verl_resume_folder  # noqa: E402
 from seal.engines.checkpoint_trust import TRUST_KNOB  # noqa: E402
-from seal.engines.verl.agent_loop import FEED_KEY  # noqa: E402
+from seal.engines.verl.agent_loop import FEED_KEY, validation_records  # noqa: E402
 from seal.logging_utils import append_metrics, metrics_row, trim_metrics  # noqa: E402
 from seal.run_dir import Checkpoints, transcript_sample  # noqa: E402
 
@@ -183,37 +182,6 @@ def as_list(values: Any) -> list[Any]:
     """A non-tensor column from TransferQueue as a list: depending on the backend it arrives as a
     NonTensorStack, a numpy array or tensordict's LinkedList (a list subclass without `tolist`)."""
     return list(values) if isinstance(values, list) or not hasattr(values, "tolist") else values.tolist()
-
-
-def validation_records(data_sources: Sequence[str], sample_uids: Sequence[str],
-                       infos: Mapping[str, Sequence[Any]],
-                       expected_counts: Mapping[tuple[str, str], int] | None) -> list[EpisodeRecord]:
-    """One record per validation episode from `_val_metrics_update`'s arguments.
-
-    `infos` are verl's per-sample `reward_extra_info` lists (our agent loop sets `acc`, `category`,
-    `task_id`, `excluded`); `data_sources` is the category column of our parquet. Sessions verl
-    expected but never got (a failed agent loop) are added as excluded failures, so every category
-    keeps its full denominator.
-    """
-    n = len(data_sources)
-    accs = list(infos.get("acc", [None] * n))
-    cats = list(infos.get("category", [None] * n))
-    tids = list(infos.get("task_id", [None] * n))
-    excl = list(infos.get("excluded", [None] * n))
-    records = []
-    seen: Counter[tuple[str, str]] = Counter()
-    for i in range(n):
-        seen[(str(data_sources[i]), str(sample_uids[i]))] += 1
-        records.append(EpisodeRecord(
-            task_id=tids[i] or "",
-            category=cats[i] or str(data_sources[i]),
-            accuracy=accs[i],
-            excluded=bool(excl[i]) if excl[i] is not None else accs[i] is None,
-        ))
-    for (source, uid), expected in (expected_counts or {}).items():
-        for _ in range(max(int(expected) - seen[(str(source), str(uid))], 0)):
-            records.append(EpisodeRecord(task_id="", category=str(source), accuracy=0.0, excluded=True))
-    return records
 
 
 # --------------------------------------------------------------------------- the trainer

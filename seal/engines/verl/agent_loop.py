@@ -32,6 +32,8 @@ import asyncio
 import json
 import logging
 import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -44,6 +46,7 @@ from omegaconf import DictConfig
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
 from seal import recipe as C
+from seal.core.record import EpisodeRecord
 from seal.core.reward import RewardConfig, compute_reward
 from seal.engines.verl.config import AGENT_LOOP_NAME
 from seal.rollout.client import EnvClient
@@ -358,3 +361,34 @@ class SealBfclAgentLoop(AgentLoopBase):
             return []
         text = self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+
+def validation_records(data_sources: Sequence[str], sample_uids: Sequence[str],
+                       infos: Mapping[str, Sequence[Any]],
+                       expected_counts: Mapping[tuple[str, str], int] | None) -> list[EpisodeRecord]:
+    """One record per validation episode from `_val_metrics_update`'s arguments.
+
+    `infos` are verl's per-sample `reward_extra_info` lists (our agent loop sets `acc`, `category`,
+    `task_id`, `excluded`); `data_sources` is the category column of our parquet. Sessions verl
+    expected but never got (a failed agent loop) are added as excluded failures, so every category
+    keeps its full denominator.
+    """
+    n = len(data_sources)
+    accs = list(infos.get("acc", [None] * n))
+    cats = list(infos.get("category", [None] * n))
+    tids = list(infos.get("task_id", [None] * n))
+    excl = list(infos.get("excluded", [None] * n))
+    records = []
+    seen: Counter[tuple[str, str]] = Counter()
+    for i in range(n):
+        seen[(str(data_sources[i]), str(sample_uids[i]))] += 1
+        records.append(EpisodeRecord(
+            task_id=tids[i] or "",
+            category=cats[i] or str(data_sources[i]),
+            accuracy=accs[i],
+            excluded=bool(excl[i]) if excl[i] is not None else accs[i] is None,
+        ))
+    for (source, uid), expected in (expected_counts or {}).items():
+        for _ in range(max(int(expected) - seen[(str(source), str(uid))], 0)):
+            records.append(EpisodeRecord(task_id="", category=str(source), accuracy=0.0, excluded=True))
+    return records

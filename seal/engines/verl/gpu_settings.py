@@ -33,17 +33,17 @@ FORWARD_TOKEN_BUDGET_KEYS = ("actor_rollout_ref.rollout.log_prob_max_token_len_p
 
 
 def forward_token_budget(cfg: C.Recipe) -> int:
-    """Tokens per GPU in one forward-only call: the context window `rollout.max_model_len` (16,384 in the
-    recipe). The longest sequence verl can hold is `data.max_prompt_length + data.max_response_length` (12,288),
-    which the recipe keeps within the context window, so every sequence fits (verl refuses one longer than the
-    budget).
+    """Tokens per GPU in one forward-only call: the longest sequence verl can hold, `data.max_prompt_length +
+    data.max_response_length` (12,288 in the recipe), so every sequence fits (verl refuses one longer than the
+    budget) and a call never holds more tokens than the update's micro-batch of one full-length sequence.
 
-    Why not more: one forward over N tokens holds the full logits ([N, 152,064] for Qwen2.5) and their
-    log-softmax, ~1.2 MB per token in float32 on the GPU path's unfused kernel: 20 GB at 16,384 tokens, the
-    same peak as the update's micro-batch of one full-context sequence, which the memory plan already budgets
-    (docs/verl_engine.md, "Memory per GPU"). BFCL episodes run ~4-8k tokens, so a call holds 2-4 of them.
+    Why not more (the context window, 16,384, say): one forward over N tokens holds the full logits ([N, 152,064]
+    for Qwen2.5) and their log-softmax, ~1.2 MB per token in float32 on the GPU path's unfused kernel: 15 GB at
+    12,288 tokens, the update's peak, which the memory plan budgets (docs/verl_engine.md, "Memory per GPU");
+    16,384 would add 5 GB to the forward passes' peak and move the pre-flight's plan for them into its warning
+    band on an 80 GB card. BFCL episodes run ~4-8k tokens, so a call holds 1-3 of them.
     """
-    return cfg.rollout.max_model_len
+    return cfg.data.max_prompt_length + cfg.data.max_response_length
 
 
 def gpu_overrides(cfg: C.Recipe) -> dict[str, Any]:
