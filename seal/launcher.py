@@ -349,6 +349,9 @@ def failure_summary(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     line = text[0] if isinstance(exc, ServiceStartError) and text else \
         f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+    raised = getattr(exc, "cause", None)  # Ray's RayTaskError: its first line names only the remote task
+    if isinstance(raised, BaseException) and str(raised).strip():
+        line += f" raised {type(raised).__name__}: {str(raised).strip().splitlines()[0]}"
     for err in seen:
         if type(err).__name__ in ("ActorDiedError", "ActorUnavailableError", "RayActorError"):
             actor = _class_name(str(err))

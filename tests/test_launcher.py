@@ -178,3 +178,20 @@ def test_failure_summary_names_a_dead_ray_actor():
     assert line.startswith("a Ray actor died (vLLMHttpServer: ActorDiedError)")
     assert line.endswith("ValueError: Received an empty list as keys.")
     assert failure_summary(RuntimeError("plain")) == "RuntimeError: plain"
+
+
+def test_failure_summary_names_what_a_remote_task_raised():
+    """A failure inside verl's TaskRunner reaches the launcher as Ray's RayTaskError, whose first line names only the
+    remote task ("ray::TaskRunnerV1.run() (pid=...)"): the summary adds the exception the task raised. Ray's own
+    error, built as Ray builds it."""
+    from ray.exceptions import RayTaskError
+
+    from seal.launcher import failure_summary
+
+    try:
+        raise RuntimeError("checkpoint references after the resume: step_1 is full\nmore detail")
+    except RuntimeError as exc:
+        wrapped = RayTaskError("TaskRunnerV1.run", "Traceback ...", exc, proctitle="ray::TaskRunnerV1.run()")
+    line = failure_summary(wrapped.as_instanceof_cause())
+    assert line.endswith("raised RuntimeError: checkpoint references after the resume: step_1 is full"), line
+    assert "\n" not in line
