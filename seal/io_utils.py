@@ -75,3 +75,18 @@ def input_path(path: str | os.PathLike[str]) -> Path:
     if p.is_absolute():
         return p
     return p.resolve() if p.exists() else PROJECT_ROOT / p
+
+
+def seconds_from_env(name: str, default: float, what: str) -> float:
+    """A bound in seconds from the environment variable `name` when set (a positive number, else `ValueError` naming
+    the variable and `what` it bounds), `default` otherwise."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:  # also NaN
+        raise ValueError(f"{name}={raw!r}: the {what} bound must be a positive number of seconds")
+    return value

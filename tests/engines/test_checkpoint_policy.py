@@ -51,22 +51,11 @@ def key(tmp_path, monkeypatch):
 
 
 # --------------------------------------------------------------------------- the verl trainer's hooks
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    pytest.importorskip("verl")
-    from seal.models.qwen25 import build_qwen_tokenizer
-    from seal.models.tiny import tiny_qwen2_config
-
-    path = tmp_path_factory.mktemp("tiny_qwen2_cfg")
-    cfg = tiny_qwen2_config()
-    cfg.architectures = ["Qwen2ForCausalLM"]
-    cfg.save_pretrained(str(path))
-    build_qwen_tokenizer().save_pretrained(str(path))
-    return path
 
 
 @pytest.fixture
-def verl_trainer(model_dir, tmp_path, key, monkeypatch):
+def verl_trainer(tiny_verl_model_dir, tmp_path, key, monkeypatch):
+    model_dir = tiny_verl_model_dir
     from omegaconf import open_dict
     from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
@@ -301,7 +290,8 @@ def test_disk_plan_of_the_7b_recipe_under_the_default_policy():
     assert P.disk_plan(2, 1, 10.0, 1.0) == {"peak": 20.0, "end": 20.0, "full_saves_peak": 2.0, "full_saves_end": 2.0}
 
 
-def test_verls_own_checkpoint_deletion_is_refused(model_dir, tmp_path):
+def test_verls_own_checkpoint_deletion_is_refused(tiny_verl_model_dir, tmp_path):
+    model_dir = tiny_verl_model_dir
     from seal.engines.verl.config import to_verl_config
     from seal.recipe import load_config
 

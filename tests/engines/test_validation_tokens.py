@@ -16,8 +16,11 @@ pytest.importorskip("verl")
 
 from omegaconf import OmegaConf  # noqa: E402
 
-from seal.engines.verl.agent_loop import validation_records  # noqa: E402
-from seal.engines.verl.agent_loop import EPISODE_TOKENS_KEY, rollout_to_output  # noqa: E402
+from seal.engines.verl.agent_loop import (  # noqa: E402
+    EPISODE_TOKENS_KEY,
+    rollout_to_output,
+    validation_records,  # noqa: E402
+)
 from seal.engines.verl.config import to_verl_config  # noqa: E402
 from seal.engines.verl.trainer import write_validation_tokens  # noqa: E402
 from seal.eval.same_tokens import (  # noqa: E402

@@ -1,4 +1,4 @@
-"""`python launcher.py --conf exp/tiny_verl_learn.yaml`: verl's own trainer LEARNS on CPU, on two ranks, across a resume.
+"""`python launcher.py --conf exp/tiny_verl_learn.yaml`: verl's own trainer LEARNS on CPU, on two ranks, and resumes.
 
 The run is the verl engine's whole path in the GPU recipe's layout (verl's `run_ppo` -> the `seal` trainer mode ->
 two vLLM async server replicas on vLLM's CPU build -> the FSDP2 actor sharded over two gloo ranks, the KL loss and
@@ -245,9 +245,8 @@ def test_served_requests_are_read_from_each_vllm_server_counter():
             self.send_header("Content-Length", "0")
             self.end_headers()
 
-    with BackgroundHTTPServer(Empty) as server:
-        with pytest.raises(RuntimeError, match="no vllm:request_success_total"):
-            server_request_count(server.address.removeprefix("http://"))
+    with BackgroundHTTPServer(Empty) as server, pytest.raises(RuntimeError, match="no vllm:request_success_total"):
+        server_request_count(server.address.removeprefix("http://"))
 
 
 def test_node_settings_split_the_cores_and_keep_the_process_group_on_loopback(monkeypatch):

@@ -40,16 +40,8 @@ STATIC = ["seal.capability.enable=false", "seal.apatch.tag_weights=" + json.dump
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from seal.models.qwen25 import build_qwen_tokenizer
-    from seal.models.tiny import tiny_qwen2_config
-
-    path = tmp_path_factory.mktemp("tiny_qwen2_cfg")
-    cfg = tiny_qwen2_config()
-    cfg.architectures = ["Qwen2ForCausalLM"]
-    cfg.save_pretrained(str(path))
-    build_qwen_tokenizer().save_pretrained(str(path))
-    return path
+def model_dir(tiny_verl_model_dir):
+    return tiny_verl_model_dir
 
 
 def make_trainer(model_dir, run_dir, overrides=()):

@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import _thread
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, Self
+
+from seal.io_utils import seconds_from_env
 
 log = logging.getLogger(__name__)
 
@@ -50,18 +51,9 @@ class PlacementTimeout(RuntimeError):
 
 
 def placement_timeout_s() -> float:
-    """The bound in seconds: `SEAL_PLACEMENT_TIMEOUT_S` when set (a positive number, else `ValueError` naming it),
-    `PLACEMENT_TIMEOUT_S` otherwise."""
-    raw = os.environ.get(PLACEMENT_TIMEOUT_ENV, "").strip()
-    if not raw:
-        return PLACEMENT_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not value > 0:  # also NaN
-        raise ValueError(f"{PLACEMENT_TIMEOUT_ENV}={raw!r}: the placement bound must be a positive number of seconds")
-    return value
+    """The bound in seconds: `SEAL_PLACEMENT_TIMEOUT_S` when set (a positive number), `PLACEMENT_TIMEOUT_S`
+    otherwise."""
+    return seconds_from_env(PLACEMENT_TIMEOUT_ENV, PLACEMENT_TIMEOUT_S, "placement")
 
 
 def _job_groups(table: dict[str, dict], job_hex: str) -> dict[str, dict]:

@@ -31,9 +31,10 @@ the adapter); `bound_weight_sync` checks the one thing it relies on, the socket 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any
+
+from seal.io_utils import seconds_from_env
 
 log = logging.getLogger(__name__)
 
@@ -53,19 +54,9 @@ class WeightSyncError(RuntimeError):
 
 
 def weight_sync_timeout_s() -> float:
-    """The bound in seconds: `SEAL_WEIGHT_SYNC_TIMEOUT_S` when set (a positive number, else `ValueError` naming
-    it), `WEIGHT_SYNC_ACK_TIMEOUT_S` otherwise."""
-    raw = os.environ.get(WEIGHT_SYNC_TIMEOUT_ENV, "").strip()
-    if not raw:
-        return WEIGHT_SYNC_ACK_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not value > 0:  # also NaN
-        raise ValueError(f"{WEIGHT_SYNC_TIMEOUT_ENV}={raw!r}: the weight-sync bound must be a positive number of "
-                         "seconds")
-    return value
+    """The bound in seconds: `SEAL_WEIGHT_SYNC_TIMEOUT_S` when set (a positive number), `WEIGHT_SYNC_ACK_TIMEOUT_S`
+    otherwise."""
+    return seconds_from_env(WEIGHT_SYNC_TIMEOUT_ENV, WEIGHT_SYNC_ACK_TIMEOUT_S, "weight-sync")
 
 
 def bound_weight_sync() -> None:

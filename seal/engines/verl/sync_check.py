@@ -7,8 +7,8 @@ probabilities, bounded by 1. On GPU vLLM computes in bf16 while the actor runs F
 difference is never zero; a sync that did not happen makes vLLM sample from the weights before the last update.
 
 Why not the max: it is the extreme of ~0.5M tokens per step and grows with the number of tokens; bf16 rounding
-alone moved single tokens' probabilities by up to 0.07 over 291 tokens (measured below). The mean is an average over the same tokens:
-stable from step to step, and it moves with every token a stale sync moves.
+alone moved single tokens' probabilities by up to 0.07 over 291 tokens (measured below). The mean is an average
+over the same tokens: stable from step to step, and it moves with every token a stale sync moves.
 
 The rule (`sync_problems`), with the figures `scripts/calibrate_sync_check.py` measured (SmolLM2-135M-Instruct on
 a real BFCL episode, CPU; docs/verl_engine.md, "The sync check"):
