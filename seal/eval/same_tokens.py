@@ -102,11 +102,11 @@ def same_tokens_as_vllm_policy(run_dir: str | Path, env_url: str, step: int | No
     """The run's validation episode (`run_validation_episode`) against the `vllm:` policy's episode of the same
     task on the step's checkpoint export (`vllm_policy_episode`); `compare_tokens`'s result. Needs vLLM."""
     from seal.eval.evaluate import hf_model_dir
-    from seal.recipe import load_config, rollout_limits
+    from seal.recipe import load_saved_config, rollout_limits
 
     run = RunDir(run_dir)
     episode = run_validation_episode(run_dir, step, task_id)
-    cfg = load_config(run.config_file)
+    cfg = load_saved_config(run.config_file)
     model = hf_model_dir(run.checkpoints.step_dir(int(episode["step"])))
     rollout = asyncio.run(vllm_policy_episode(model, episode["task_id"], env_url, rollout_limits(cfg),
                                               run_vllm_settings(run_dir), token_env=cfg.env.token_env))

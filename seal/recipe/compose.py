@@ -401,6 +401,11 @@ def save_config(cfg: Recipe, path: str | Path) -> Path:
     return path
 
 
+def load_saved_config(path: str | Path) -> Recipe:
+    """A run directory's `config.yaml` (`save_config`'s resolved YAML, no defaults list) as a checked `Recipe`."""
+    return from_container(OmegaConf.load(Path(path)))
+
+
 # --------------------------------------------------------------------------- input paths
 def model_path_value(path: str, build_tiny: bool) -> str:
     """`model.path` after the input-path rule (`seal.io_utils.input_path`): a built-in name (`builtin:smollm2`) as

@@ -90,7 +90,7 @@ def _policy_checked(run: Path, full: set[int], pruned: set[int]) -> None:
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("engines")  # one engine at a time (tests/conftest.py)
-def test_verl_learns_on_two_ranks_and_resumes(tmp_path, tmp_path_factory):
+def test_verl_learns_on_two_ranks_and_resumes(tmp_path, tmp_path_factory, monkeypatch):
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -98,6 +98,8 @@ def test_verl_learns_on_two_ranks_and_resumes(tmp_path, tmp_path_factory):
 
     cache = learn_model_cache(tmp_path_factory)
     port = free_port()
+    # The run's checkpoint-signing key (launch_verl's XDG_CONFIG_HOME), for the reference checks made here.
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     # model.build_tiny builds only inside the model cache; the trainer checks every checkpoint reference after each
     # save and after the resume (`seal.engines.checkpoint_policy`, a CI-only switch: each save then waits for its
     # signing), under the recipe's tightest policy, keep_full_checkpoints 1.
@@ -151,10 +153,10 @@ def test_verl_learns_on_two_ranks_and_resumes(tmp_path, tmp_path_factory):
     from seal import recipe as C
     from seal.eval.same_tokens import same_tokens_as_vllm_policy
 
-    recipe = C.load_config(run / "config.yaml")
+    recipe = C.load_saved_config(run / "config.yaml")
     with running_service(C.env_service_args(recipe)) as (url, _proc):
         same = same_tokens_as_vllm_policy(run, url)
-    print("same tokens:", {k: v for k, v in same.items() if k != "tokens"})
+    print("same tokens:", {k: same[k] for k in ("task_id", "step", "same", "first_difference")})
     assert same["same"], same["first_difference"]
     # The final checkpoint's weights, measured as the warm start measures them, are the ones vLLM served.
     hf = ck / f"global_step_{STEPS}" / "actor" / "huggingface"
