@@ -45,15 +45,19 @@ def listeners(pids: set[int]) -> set[tuple[str, int, str]]:
 
 
 class ListenerWatch(RunSampler):
-    """The run's listening sockets, sampled while the block runs (the engine's `RunSampler`)."""
+    """The run's listening sockets, sampled while the block runs (the engine's `RunSampler`), and the pids of the
+    run's processes seen meanwhile."""
 
     def __init__(self, marker: str, env_key: str, interval: float = 1.0) -> None:
         super().__init__(marker, interval, env_key)
         self.listeners: set[tuple[str, int, str]] = set()
+        self.pids: set[int] = set()
 
     @property
     def exposed(self) -> set[tuple[str, int, str]]:
         return {entry for entry in self.listeners if not is_loopback(entry[0])}
 
     def sample(self) -> None:
-        self.listeners |= listeners(marked_pids(self.marker, self.env_key))
+        pids = marked_pids(self.marker, self.env_key)
+        self.pids |= pids
+        self.listeners |= listeners(pids)

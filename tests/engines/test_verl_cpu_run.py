@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from env_service.process import free_port
-from seal.engines.verl.cleanup import reap_run_processes, run_processes
+from seal.engines.verl.cleanup import named_by, reap_run_processes, run_processes
 from tests.helpers import shm_leftovers
 from tests.network_watch import ListenerWatch
 
@@ -74,6 +74,9 @@ def launch_verl(run_root: Path, port: int, *extra: str, timeout: float, conf: st
     print("listening sockets of the run:", sorted(watch.listeners))
     # vLLM's shared-memory queues and verl's weight buckets: unlinked by their owners or by the engine.
     assert not shm_leftovers(shm_before)
+    # By name: no segment or semaphore that names one of the run's processes as its creator (loky's
+    # `sem.loky-<pid>-*`, which vLLM's processes leave mapped by nobody).
+    assert watch.pids and not named_by(watch.pids), sorted(named_by(watch.pids))
     # No process of the run is left (Ray, vLLM, the env service): each inherited this run's environment. The
     # launcher returns only once they are gone (seal.engines.verl.cleanup), so one look suffices.
     left = run_processes(env["BFCL_PROJECT_ROOT"], env_key="BFCL_PROJECT_ROOT")
