@@ -262,7 +262,7 @@ def test_node_settings_split_the_cores_and_keep_the_process_group_on_loopback(mo
     assert two == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "2",
                    "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     one = node_env_vars(C.load_config(REPO / "exp" / "tiny_verl_learn.yaml", ["trainer.n_gpus_per_node=1"]))
-    assert one["OMP_NUM_THREADS"] == "4"
+    assert one["OMP_NUM_THREADS"] == "4" and "VLLM_CPU_OMP_THREADS_BIND" not in one  # one replica: vLLM binds
     gpu = node_env_vars(C.load_config(REPO / "exp" / "SEAL.yaml"))
     assert gpu == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}  # no CPU settings on a GPU run
     assert "GLOO_SOCKET_IFNAME" not in node_env_vars(C.load_config(REPO / "exp" / "SEAL.yaml", ["trainer.nnodes=2"]))

@@ -151,16 +151,17 @@ def node_env_vars(cfg: C.Recipe) -> dict[str, str]:
       the reference's log-probs, the update), and in each of them every rank, or every vLLM replica (one per
       rank), works at once: each gets cores / ranks threads (Ray would give each actor one thread; every core each
       oversubscribes the machine ranks times over). vLLM's own CPU binding (`VLLM_CPU_OMP_THREADS_BIND=auto`)
-      pins every replica's threads to the same cores of the first NUMA node, so it is off (`nobind`): the OS
-      places the replicas' threads (docs/verl_engine.md, "Two ranks on CPU")."""
+      pins every replica's threads to the same cores of the first NUMA node, so with more than one replica it is
+      off (`nobind`): the OS places the replicas' threads (docs/verl_engine.md, "Two ranks on CPU")."""
     env: dict[str, str] = {}
     if cfg.trainer.nnodes == 1:
         for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
             env[key] = os.environ.get(key) or "lo"
     if cfg.trainer.device == "cpu":
-        threads = max(1, len(os.sched_getaffinity(0)) // cfg.trainer.n_gpus_per_node)
-        env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS") or str(threads)
-        env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND") or "nobind"
+        ranks = cfg.trainer.n_gpus_per_node
+        env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS") or str(max(1, len(os.sched_getaffinity(0)) // ranks))
+        if ranks > 1:  # one replica keeps vLLM's own binding (the layout CI measured before the two-rank one)
+            env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND") or "nobind"
     return env
 
 
