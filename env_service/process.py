@@ -54,14 +54,15 @@ def free_port() -> int:
 
 
 # The readiness polls reach the child servers this process started, on loopback, and may carry a key (τ²'s
-# vLLM server's): never through a proxy from the environment, which would receive the key in clear.
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+# vLLM server's): never through a proxy from the environment, which would receive the key in clear. Every read of a
+# loopback server this project started goes through it (the verl trainer's read of vLLM's counters too).
+DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def answers(url: str, headers: Mapping[str, str] | None = None, timeout: float = 2.0) -> bool:
     """True when ``GET <url>`` answers 200 (asked directly, never through a proxy)."""
     try:
-        with _DIRECT.open(urllib.request.Request(url, headers=dict(headers or {})), timeout=timeout) as response:
+        with DIRECT.open(urllib.request.Request(url, headers=dict(headers or {})), timeout=timeout) as response:
             return response.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False

@@ -297,12 +297,11 @@ def server_request_count(address: str, timeout_s: float = 10.0) -> float:
     """Requests the vLLM server at `host:port` has finished (`vllm:request_success_total`, summed over its finish
     reasons), from its Prometheus endpoint. Never through a proxy (the servers are on this node's loopback); an
     unreachable server or a missing counter is an error naming the address."""
-    import urllib.request
+    from env_service.process import DIRECT
 
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     url = f"http://{address}/metrics"
     try:
-        with opener.open(url, timeout=timeout_s) as reply:
+        with DIRECT.open(url, timeout=timeout_s) as reply:
             text = reply.read().decode()
     except OSError as exc:
         raise RuntimeError(f"could not read the vLLM server's request counter at {url}: {exc}") from exc
