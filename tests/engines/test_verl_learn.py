@@ -314,3 +314,27 @@ def test_a_cached_tiny_model_of_another_shape_is_refused(tmp_path, monkeypatch):
     assert prepare_tiny_model(tmp_path / "tiny", hidden=64, heads=2, kv_heads=1) == built
     with pytest.raises(ValueError, match="num_attention_heads 2 != 4"):
         prepare_tiny_model(tmp_path / "tiny", hidden=64)  # the default shape: 4 heads, 2 KV heads
+
+
+def test_the_weight_probe_waits_for_the_replicas_within_a_bound(monkeypatch):
+    """A vLLM replica that never answers the probe is an error naming the wait, not a hang (real Ray actors)."""
+    import time
+    from types import SimpleNamespace
+
+    import ray
+
+    from seal.engines.verl import adapter
+
+    ray.init(address="local", num_cpus=1, include_dashboard=False)
+    try:
+        @ray.remote
+        class Silent:
+            def generate(self, ids, params, request_id):
+                time.sleep(30)
+
+        monkeypatch.setattr(adapter, "PROBE_TIMEOUT_S", 1.0)
+        trainer = SimpleNamespace(llm_server_manager=SimpleNamespace(server_handles=[Silent.remote()]))
+        with pytest.raises(TimeoutError, match="1 vLLM replica.*3-token.*within 1 s"):
+            adapter.TrainerAdapter.rollout_prompt_logprobs(trainer, [1, 2, 3])
+    finally:
+        ray.shutdown()

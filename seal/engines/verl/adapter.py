@@ -75,6 +75,7 @@ import verl
 
 VERL_VERSION = "0.9.1"
 ALLOW_OTHER_VERSION_ENV = "SEAL_ALLOW_VERL_VERSION"
+PROBE_TIMEOUT_S = 600.0  # the weight probe's bound: a hang guard (it took 16-30 s a sync on 2 CPU cores)
 
 log = logging.getLogger(__name__)
 
@@ -246,8 +247,13 @@ class TrainerAdapter(PPOTrainerSync):
 
         ids = [int(t) for t in token_ids]
         params = {"max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0, "detokenize": False}
-        outs = ray.get([handle.generate.remote(ids, params, f"seal-probe-{uuid.uuid4().hex}")
-                        for handle in self.llm_server_manager.server_handles])
+        handles = self.llm_server_manager.server_handles
+        try:
+            outs = ray.get([handle.generate.remote(ids, params, f"seal-probe-{uuid.uuid4().hex}")
+                            for handle in handles], timeout=PROBE_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError as exc:
+            raise TimeoutError(f"the weight probe: {len(handles)} vLLM replica(s) did not answer a {len(ids)}-token "
+                               f"prompt-log-prob request within {PROBE_TIMEOUT_S:.0f} s") from exc
         # row i: token i + 1 (verl pads one dummy row at the end)
         return [[float(row[0]) for row in out.extra_fields["prompt_logprobs"][: len(ids) - 1]] for out in outs]
 
