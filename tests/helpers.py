@@ -74,3 +74,10 @@ class BackgroundHTTPServer:
         self.server.shutdown()
         self.server.server_close()
         self.thread.join()
+
+
+# Ray starts its worker processes at nice 15 (`RAY_worker_niceness`), and a verl run on CPU computes only in them
+# (the FSDP ranks, the vLLM servers and their engine processes inherit it). In CI the other pytest-xdist worker's
+# tests run at nice 0, so they took the cores first and the launches, CI's longest path, waited: the SmolLM2 launch
+# took 220 s alone and 664 s in a CI run. The launches' tests give Ray's workers the tests' own priority.
+RAY_AT_TEST_PRIORITY = {"RAY_worker_niceness": "0"}

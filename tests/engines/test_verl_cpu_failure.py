@@ -23,7 +23,7 @@ import pytest
 
 from env_service.process import free_port
 from seal.engines.verl.cleanup import run_processes, shm_segments
-from tests.helpers import shm_leftovers
+from tests.helpers import RAY_AT_TEST_PRIORITY, shm_leftovers
 
 pytest.importorskip("verl")
 pytest.importorskip("vllm")
@@ -52,7 +52,8 @@ def test_a_killed_vllm_server_fails_the_run_loudly(tmp_path):
     from seal.engines.verl.sync_bound import WEIGHT_SYNC_TIMEOUT_ENV
 
     marker = str(tmp_path / "bfcl_root")
-    env = dict(os.environ, PYTHONPATH=str(REPO), BFCL_PROJECT_ROOT=marker, **{WEIGHT_SYNC_TIMEOUT_ENV: "60"})
+    env = dict(os.environ, PYTHONPATH=str(REPO), BFCL_PROJECT_ROOT=marker, **{WEIGHT_SYNC_TIMEOUT_ENV: "60"},
+               **RAY_AT_TEST_PRIORITY)
     log_path = tmp_path / "launcher.log"
     shm_before = shm_segments()
     cmd = [sys.executable, "launcher.py", "--conf", "exp/tiny_verl_cpu.yaml", f"run_root={tmp_path}",

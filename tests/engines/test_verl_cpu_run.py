@@ -25,7 +25,7 @@ import pytest
 
 from env_service.process import free_port
 from seal.engines.verl.cleanup import named_by, reap_run_processes, run_processes
-from tests.helpers import shm_leftovers
+from tests.helpers import RAY_AT_TEST_PRIORITY, shm_leftovers
 from tests.network_watch import ListenerWatch
 
 pytest.importorskip("verl")
@@ -48,7 +48,7 @@ def launch_verl(run_root: Path, port: int, *extra: str, timeout: float, conf: st
     # minute or two); a build is atomic, so tests that race for it both end with one complete copy.
     # The checkpoint-signing key lives under XDG_CONFIG_HOME: one per test, the same for both launches.
     env = dict(os.environ, PYTHONPATH=str(REPO), BFCL_PROJECT_ROOT=str(run_root / "bfcl_root"),
-               XDG_CONFIG_HOME=str(run_root / "config"), **env_extra)
+               XDG_CONFIG_HOME=str(run_root / "config"), **RAY_AT_TEST_PRIORITY, **env_extra)
     cmd = [sys.executable, "launcher.py", "--conf", conf, f"run_root={run_root}",
            f"env.urls=[http://127.0.0.1:{port}]", *extra]
     shm_before = set(os.listdir("/dev/shm"))

@@ -38,7 +38,7 @@ cpu_overrides`)            no CUDA graphs  -> `enforce_eager`; verl's 2 GB weigh
                            segment on CPU  -> 256 MB; `gpu_memory_utilization` is a share of host RAM on
                            CPU  -> the KV cache set in bytes (`kv_cache_memory_bytes`, 1 GiB); a prefill
                            step's float32 logits over verl's 8192-token budget (and prompt log-probs' copy)
-                           took a vLLM worker to 5.9 GB  -> 2048 tokens a step; vLLM's CPU attention needs
+                           took a vLLM worker to 5.9 GB  -> 512 tokens a step; vLLM's CPU attention needs
                            head_dim >= 32 (SmolLM2-135M: 64)
 
 `install_cpu_patches` runs in every verl process of a CPU run (the plugin, `SEAL_VERL_DEVICE=cpu`);

@@ -21,7 +21,7 @@ SLEEP_MODE_KEY = "actor_rollout_ref.rollout.enable_sleep_mode"
 # ~23k tokens of SmolLM2-135M in float32, several BFCL episodes).
 CPU_WEIGHT_BUCKET_MB = 256
 CPU_KV_CACHE_BYTES = 1 << 30
-CPU_PREFILL_CHUNK_TOKENS = 2048  # vLLM's token budget per engine step on CPU (see cpu_overrides)
+CPU_PREFILL_CHUNK_TOKENS = 512  # vLLM's token budget per engine step on CPU (see cpu_overrides)
 # Ray's logical CPUs on the CPU path: verl's actors each ask for one, which says nothing about the cores.
 CPU_RAY_LOGICAL_CPUS = 16
 
@@ -45,11 +45,12 @@ def cpu_overrides(cfg: C.Recipe) -> dict[str, Any]:
         "actor_rollout_ref.rollout.enforce_eager": True,
         "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes": CPU_WEIGHT_BUCKET_MB,
         "actor_rollout_ref.rollout.engine_kwargs.vllm": {"kv_cache_memory_bytes": CPU_KV_CACHE_BYTES},
-        # Prefill in chunks of 2048 tokens (verl's default 8192): an engine step's logits are [tokens, vocab] in
+        # Prefill in chunks of 512 tokens (verl's default 8192): an engine step's logits are [tokens, vocab] in
         # float32, and a request for prompt log-probs (the weight probe) keeps them all, with their log-softmax.
         # With 8192 the vLLM worker of exp/tiny_verl_learn.yaml (Qwen2.5's 152k vocabulary) was at 5.9 GB RSS
-        # when the OOM killer ended it, during the probe, on a loaded 24 GB machine; at 2048 a chunk's logits and
-        # log-softmax are 2.5 GB (docs/verl_engine.md has the peaks measured).
+        # when the OOM killer ended it, during the probe; with 2048, 4.4 GB per replica at each probe, and the
+        # two-rank run's two replicas probing at once (8.8 GB) met the OOM killer in a CI run beside the other
+        # pytest worker. At 512 a chunk's logits and log-softmax are 0.6 GB (docs/verl_engine.md has the peaks).
         "actor_rollout_ref.rollout.max_num_batched_tokens": CPU_PREFILL_CHUNK_TOKENS,
         # vLLM's statistics on (verl turns them off): the trainer reads each replica's finished-request counter
         # after every step (`rollout/server_requests/replica_<r>`), so a run shows that every replica serves.
