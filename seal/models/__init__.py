@@ -5,7 +5,8 @@
 
 The cache is `runs/_models/` under the repository (`SEAL_MODEL_CACHE` moves it; a relative value follows the
 input-path rule, `seal.io_utils.input_path`). A build writes into a temporary sibling and renames it into place,
-so a crash never leaves a half-built model and two processes building at once both end with one complete copy.
+so a crash never leaves a half-built model and two processes building at once both end with one complete copy
+(`build_atomically`).
 
 A built-in model has a name, usable wherever a model directory is (`model.path: builtin:smollm2` in a recipe,
 `seal-eval --policy hf:builtin:smollm2`): `BUILTIN_MODELS`, resolved by `builtin_model`.
@@ -15,6 +16,9 @@ from __future__ import annotations
 
 import importlib
 import os
+import shutil
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from seal.io_utils import PROJECT_ROOT, input_path
@@ -31,6 +35,26 @@ def model_cache_dir() -> Path:
     """Where built models live: `$SEAL_MODEL_CACHE` (an input path), else `runs/_models` in the repository."""
     env = os.environ.get("SEAL_MODEL_CACHE")
     return input_path(env) if env else PROJECT_ROOT / "runs" / "_models"
+
+
+def build_atomically(dest: Path, build: Callable[[Path], object], is_complete: Callable[[Path], bool]) -> bool:
+    """Build a model directory at `dest` as one step: `build(tmp)` writes into a temporary sibling, which then
+    replaces `dest`. A crash leaves no half-built model, and a process reading `dest` never sees one being
+    written. Two processes building at once both do the work: the second to finish keeps the first's copy
+    (`is_complete(dest)`), and returns False; True when this call's build is the one in place."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        build(tmp)
+        if is_complete(dest):  # another process finished first: keep its copy
+            return False
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+        return True
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def is_builtin(name: str) -> bool:

@@ -20,13 +20,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
-import tempfile
 from importlib import metadata
 from pathlib import Path
 
 from seal.io_utils import file_sha256
-from seal.models import model_cache_dir
+from seal.models import build_atomically, model_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -93,21 +91,15 @@ def build_smollm2(dest_dir: str | os.PathLike | None = None) -> Path:
     if digest != GGUF_SHA256:
         raise RuntimeError(f"{src}: sha256 {digest}, expected {GGUF_SHA256} ({DISTRIBUTION} "
                            f"{DISTRIBUTION_VERSION}); reinstall with: {INSTALL_HINT}")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-    try:
+
+    def build(tmp: Path) -> None:
         _convert(src, tmp)
         (tmp / MANIFEST).write_text(json.dumps({
             "source": f"{DISTRIBUTION}=={DISTRIBUTION_VERSION}", "gguf_file": GGUF_FILE, "gguf_sha256": digest,
         }, indent=2) + "\n", encoding="utf-8")
-        if is_built(dest):  # another process finished first: keep its copy
-            return dest
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+
+    if not build_atomically(dest, build, is_built):
+        return dest
     log.info("built SmolLM2-135M-Instruct at %s", dest)
     return dest
 

@@ -116,4 +116,10 @@ def prepare_tiny_model(path: str | os.PathLike, hidden: int = 64, layers: int = 
         raise ValueError(f"model.path {given}: no model there (no config.json), and model.build_tiny builds only "
                          f"inside the model cache {cache} (e.g. model.path={cache / 'tiny_qwen2'}; "
                          "SEAL_MODEL_CACHE moves the cache)")
-    return build_tiny_qwen2(target, hidden=hidden, layers=layers, seed=seed, heads=heads, kv_heads=kv_heads)
+    from seal.models import build_atomically
+
+    # Atomic: a test on another pytest worker, or a second run, may read the same cached model while this builds.
+    build_atomically(target, lambda tmp: build_tiny_qwen2(tmp, hidden=hidden, layers=layers, seed=seed, heads=heads,
+                                                          kv_heads=kv_heads),
+                     lambda d: (d / "config.json").is_file() and (d / "model.safetensors").is_file())
+    return target
