@@ -46,8 +46,22 @@ STEPS = 3
 RANKS = 2
 
 
-def _step_checked(step: int, m: dict) -> bool:
-    """One training step's checks; True when it took a real update."""
+def _group_spread(advantages_file: Path) -> dict[int, bool]:
+    """Per step: does some GRPO group (the rollouts of one prompt, `uid`) hold different rewards? Only such a
+    group has nonzero advantages, so only then is there a learning signal. (A spread across the batch is not
+    one: a step whose one task scored 0 four times and the other 1 four times has none; measured.)"""
+    out = {}
+    for line in advantages_file.read_text().splitlines():
+        record = json.loads(line)
+        groups: dict[str, set[float]] = {}
+        for row in record["rows"]:
+            groups.setdefault(row["uid"], set()).add(row["reward"])
+        out[int(record["step"])] = any(len(rewards) > 1 for rewards in groups.values())
+    return out
+
+
+def _step_checked(step: int, m: dict, spread: bool) -> bool:
+    """One training step's checks (`spread`: some group has a reward spread); True when it took a real update."""
     print(f"step {step}: reward {m['train/reward_mean']:.3f} skipped {m['actor/update_skipped']} "
           f"kl_loss {m.get('actor/kl_loss', float('nan')):.2e} "
           f"probs_diff_max {m['training/rollout_probs_diff_max']:.2e} "
@@ -57,7 +71,6 @@ def _step_checked(step: int, m: dict) -> bool:
           f"step {m['timing_s/step']:.0f} s (gen {m['timing_s/gen']:.0f}, old {m['timing_s/old_log_prob']:.0f}, "
           f"ref {m.get('timing_s/ref', float('nan')):.0f}, update {m['timing_s/update_actor']:.0f}, "
           f"sync {m['timing_s/update_weights']:.1f}, probe {m['timing_s/weight_probe']:.1f})")
-    spread = m["critic/rewards/max"] != m["critic/rewards/min"]
     assert m["actor/update_skipped"] == (0.0 if spread else 1.0), m
     if spread:
         assert "actor/kl_loss" in m, sorted(m)  # the KL term is in the loss (use_kl_loss on)
@@ -132,7 +145,8 @@ def test_verl_learns_on_two_ranks_and_resumes(tmp_path, tmp_path_factory, monkey
         # The resume continues the curve: the resumed weights are the ones step 2 ended with.
         assert rows[3][f"probe/start/p_ground_truth/{task}"] == pytest.approx(rows[2][f"probe/p_ground_truth/{task}"],
                                                                            rel=1e-4)
-    updated = [step for step in range(1, STEPS + 1) if _step_checked(step, rows[step])]
+    spread = _group_spread(run / "advantages.jsonl")
+    updated = [step for step in range(1, STEPS + 1) if _step_checked(step, rows[step], spread[step])]
     assert updated, "no step had a reward spread: the warm start should leave the decision open"
 
     _policy_checked(run, full={2, 3}, pruned={1})  # step 2 is the best (its validation came first), 3 the newest
