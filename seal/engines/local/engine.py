@@ -10,7 +10,8 @@ This module is the step loop; read it top to bottom: `train` (the entry) and `se
 `validate_and_save` its end (validation, the best checkpoint, saving). The jobs it calls live beside it:
 `rollouts.py` (the step's tasks, seeded requests, playing episodes, what a step keeps of them), `actor.py`
 (log-probs and the PPO/GRPO update, as tensor functions), `checkpoint.py` (checkpoint I/O and exact resume),
-`backend.py` (device, precision, generation backend), `warm_start.py` (the supervised warm start).
+`backend.py` (device, precision, generation backend); the supervised warm start, which the verl engine
+runs too, is `seal/engines/warm_start.py`.
 
 Determinism: every model call is seeded from (seed, step, request index, prompt length), so a run
 resumed from a checkpoint continues as the uninterrupted run. Exactly (bit for bit, on the same device
@@ -123,7 +124,7 @@ def setup(cfg: C.Recipe, run_dir: str | os.PathLike[str], generate_factory: Gene
 
     base_path = Path(C.model_dir(cfg))  # a built-in model, the tiny model, a local directory or a hub id
     if cfg.model.warm_start.enable:  # the starting policy (and the KL reference) is the warm-started model
-        from seal.engines.local.warm_start import build_warm_start
+        from seal.engines.warm_start import build_warm_start
 
         base_path = build_warm_start(cfg, base_path, train_tasks)
     resume_from = K.resume_point(cfg.trainer.resume, run)

@@ -202,11 +202,11 @@ def model_path(cfg: C.Recipe) -> str:
     """`model.path` as every Ray process sees it (`seal.recipe.model_dir`): a built-in model's cached build
     (`model.path: builtin:smollm2`, the real pretrained model of exp/tiny_verl_cpu.yaml), a local directory made
     absolute (built first when `model.build_tiny` is on, the CPU path), else a hub id as given; with
-    `model.warm_start.enable` the warm-started model built from it (`seal.engines.local.warm_start`)."""
+    `model.warm_start.enable` the warm-started model built from it (`seal.engines.warm_start`)."""
     path = C.model_dir(cfg)
     if cfg.model.warm_start.enable:  # the starting policy (and the KL reference), as in the local engine
         from seal.engines.data import load_tasks
-        from seal.engines.local.warm_start import build_warm_start
+        from seal.engines.warm_start import build_warm_start
 
         tasks = load_tasks(str(input_path(cfg.data.train_files)), cfg.data.max_train_tasks, cfg.data.train_task_ids)
         path = str(Path(build_warm_start(cfg, Path(path), tasks)).resolve())

@@ -31,7 +31,7 @@ from seal import recipe as C
 from seal.core.controller import STATE_FILE, SealController
 from seal.core.record import EpisodeRecord, record_columns
 from seal.engines.advantage_record import ADVANTAGES_FILE, append_record, row_values, step_record
-from seal.engines.local.warm_start import probe_episodes
+from seal.engines.warm_start import probe_episodes
 from seal.engines.verl.adapter import TrainerAdapter
 from seal.engines.verl.agent_loop import EPISODE_TOKENS_KEY, EpisodeFeed
 from seal.engines.verl.config import TRAINER_MODE
@@ -215,7 +215,7 @@ def write_validation_tokens(path: Path, records: Sequence[EpisodeRecord], infos:
 class WeightProbe:
     """What the vLLM servers that serve the rollouts compute for fixed token sequences, after every weight sync.
 
-    The sequences are the learnt episodes of a warm-started model (`seal.engines.local.warm_start.probe_episode`:
+    The sequences are the learnt episodes of a warm-started model (`seal.engines.warm_start.probe_episode`:
     each training task's ground truth and failing twin, as tokens). Per episode p = exp(sum of its reply tokens'
     log-probs), the exact probability that sampling at temperature 1 reproduces its replies, as the local engine's
     warm start measures it, here from the rollout servers' weights. Every replica is read (`prompt_logprobs` gives
