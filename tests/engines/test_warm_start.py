@@ -17,9 +17,9 @@ import pytest
 from env_service.tasks import TURN_END_REPLY, failing_twin_replies, ground_truth_replies, ground_truth_tool_calls
 from seal import recipe as C
 from seal.core.controller import initial_training_interface
+from seal.engines import warm_start as W
 from seal.engines.data import load_tasks
 from seal.engines.local import engine as E
-from seal.engines import warm_start as W
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -31,10 +31,10 @@ from seal import recipe as C
 from seal.core.controller import STATE_FILE, SealController
 from seal.core.record import EpisodeRecord, record_columns
 from seal.engines.advantage_record import ADVANTAGES_FILE, append_record, row_values, step_record
-from seal.engines.warm_start import probe_episodes
 from seal.engines.verl.adapter import TrainerAdapter
 from seal.engines.verl.agent_loop import EPISODE_TOKENS_KEY, EpisodeFeed
 from seal.engines.verl.config import TRAINER_MODE
+from seal.engines.warm_start import probe_episodes
 from seal.rollout.episode import check_infra_loss
 from seal.run_dir import Checkpoints, RunDir, best_record, improves, transcript_entry, write_transcripts
 
