@@ -30,6 +30,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from env_service.process import healthy
 from seal import recipe as C
 from seal.engines.data import wants_subset, write_subset
 from seal.engines.verl.config import to_verl_config
@@ -72,21 +73,16 @@ def check_gpus(cfg: C.Recipe) -> int:
 
 def check_env_services(urls: Sequence[str], timeout: float = 5.0) -> None:
     """At least one env-service replica must answer `GET /healthz` before the trainer starts (the
-    client fails over from dead replicas, which are only warned about)."""
-    import httpx
-
-    dead = []
-    for url in urls:
-        try:
-            if httpx.get(f"{str(url).rstrip('/')}/healthz", timeout=timeout).status_code != 200:
-                dead.append(url)
-        except httpx.HTTPError:
-            dead.append(url)
+    client fails over from dead replicas, which are only warned about). The probe is the project's one health
+    check, `env_service.process.healthy` (asked directly, never through a proxy from the environment)."""
+    dead = [str(url) for url in urls if not healthy(str(url), timeout=timeout)]
     if len(dead) == len(urls):
-        raise EngineUnavailable(f"env service not reachable at {dead}: start it with `python -m env_service` "
-                                "(the launcher does when env.start_service is true)")
+        raise EngineUnavailable(f"env service not reachable: GET /healthz answered no 200 within {timeout:g} s at "
+                                f"{dead}; start it with `python -m env_service` (the launcher does when "
+                                "env.start_service is true)")
     for url in dead:
-        log.warning("env replica %s does not answer; episodes go to the others", url)
+        log.warning("env replica %s does not answer GET /healthz within %g s; episodes go to the others", url,
+                    timeout)
 
 
 # verl warns in every process that imports its engines about optional backends we never use (dozens of lines
