@@ -44,7 +44,7 @@ from seal.engines.local import backend as B
 from seal.engines.local import checkpoint as K
 from seal.engines.local import rollouts as R
 from seal.logging_utils import MetricsLogger, progress
-from seal.rollout.types import GenerateFn
+from seal.rollout.types import GenerateFn, accuracy_reward
 from seal.rollout.vllm_generation import ColocatedVLLM
 from seal.run_dir import Checkpoints, RunDir, best_record, improves, write_transcripts
 
@@ -262,10 +262,6 @@ def training_step(run: LocalRun, step: int) -> dict[str, float]:
 
 
 # =========================================================================== validation and checkpoints
-def _accuracy_reward(result: dict) -> float:
-    return float(result["accuracy"])
-
-
 def validate_and_save(run: LocalRun, step: int, validate: bool, save: bool) -> dict[str, float]:
     """The end of step `step` (0: before training): greedy validation on the raw interface when `validate`
     (n = rollout.val_n; `validation/step_<N>.jsonl`), a new best by `trainer.best_metric`
@@ -277,7 +273,7 @@ def validate_and_save(run: LocalRun, step: int, validate: bool, save: bool) -> d
         t0 = time.perf_counter()
         params = C.sampling_params(cfg, "val")
         requests = R.validation_requests(run.val_tasks, params, step, cfg.rollout.val_n, cfg.seed)
-        rollouts = run.episodes.play(requests, params, _accuracy_reward, f"validation@{step}")
+        rollouts = run.episodes.play(requests, params, accuracy_reward, f"validation@{step}")
         metrics |= SealController.validation_metrics([r.record() for r in rollouts])
         metrics |= R.rollout_metrics(rollouts, "val_rollout/")
         metrics["timing/validation"] = time.perf_counter() - t0
