@@ -376,11 +376,17 @@ def transcript_entry(record: EpisodeRecord, tokenizer: Any, prompt_ids: Sequence
     token ids decoded with the policy's tokenizer, chat template and special tokens included, so the text is
     what the model read and wrote: the prompt's end (its start is the tool documentation) and the response's
     start (the model's turns and the observations between them), each cut by `cut_text`."""
-    return {"task_id": record.task_id, "category": record.category, "reward": record.reward,
-            "accuracy": record.accuracy, "failure_tags": list(record.failure_tags), "excluded": record.excluded,
-            "exclude_reason": record.exclude_reason,
+    fields = record.to_dict()  # the record's one wire form; the line keeps TRANSCRIPT_FIELDS' order
+    return {**{name: fields[name] for name in TRANSCRIPT_FIELDS if name in fields},
             "prompt": cut_text(tokenizer.decode(list(prompt_ids)), keep_end=True),
             "response": cut_text(tokenizer.decode(list(response_ids)))}
+
+
+def validation_entry(record: EpisodeRecord, **extras: Any) -> dict[str, Any]:
+    """One line of `validation/step_<N>.jsonl`, the same in both engines: the episode's record
+    (`EpisodeRecord.to_dict()`), then what the engine adds (the local engine the episode's `num_model_calls`, the
+    verl engine its token ids as sampled)."""
+    return record.to_dict() | extras
 
 
 def write_transcripts(path: Path, entries: list[dict[str, Any]]) -> None:
