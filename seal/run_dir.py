@@ -30,10 +30,11 @@ This module is deliberately light (no torch, no recipe): the launcher and the re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -387,6 +388,21 @@ def validation_entry(record: EpisodeRecord, **extras: Any) -> dict[str, Any]:
     (`EpisodeRecord.to_dict()`), then what the engine adds (the local engine the episode's `num_model_calls`, the
     verl engine its token ids as sampled)."""
     return record.to_dict() | extras
+
+
+@contextlib.contextmanager
+def transcript_failures_logged(step: int | str) -> Iterator[None]:
+    """The one rule for a failed transcript write, in both engines: a warning naming the step and the error, and
+    the step goes on.
+
+    Why not fail the step: a transcript is for a person to read. No number of the run is computed from it (the
+    metrics, `advantages.jsonl` and the validation lines are, and their failed writes stop the run), so going on
+    never leaves a wrong number, and stopping would lose the step's training, which a run must keep. Why not
+    silently: the warning says the file is missing and why, so a missing file is never a mystery."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - any failure of a diagnostic (decoding, I/O, schema): the rule above
+        log.warning("step %s: training transcripts not written (a diagnostic: the step goes on): %r", step, exc)
 
 
 def write_transcripts(path: Path, entries: list[dict[str, Any]]) -> None:

@@ -46,7 +46,7 @@ from seal.engines.local import rollouts as R
 from seal.logging_utils import MetricsLogger, progress
 from seal.rollout.types import GenerateFn, accuracy_reward
 from seal.rollout.vllm_generation import ColocatedVLLM
-from seal.run_dir import Checkpoints, RunDir, best_record, improves, write_transcripts
+from seal.run_dir import Checkpoints, RunDir, best_record, improves, transcript_failures_logged, write_transcripts
 
 log = logging.getLogger("seal.engines.local.engine")
 
@@ -213,7 +213,8 @@ def training_step(run: LocalRun, step: int) -> dict[str, float]:
     metrics: dict[str, float] = {"timing/rollout": time.perf_counter() - t0,
                                  "train/epoch": float(epoch), "train/step_in_epoch": float(index)}
 
-    write_transcripts(run.run.transcripts_file(step), R.transcript_entries(rollouts, run.tokenizer))
+    with transcript_failures_logged(step):
+        write_transcripts(run.run.transcripts_file(step), R.transcript_entries(rollouts, run.tokenizer))
 
     # 2. C_t: the capability state observes the step's non-excluded rollouts.
     metrics |= controller.observe([r.record() for r in rollouts], step)

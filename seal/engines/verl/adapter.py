@@ -115,7 +115,7 @@ from seal.engines.checkpoint_policy import KEEP_KNOB, SaveSigner, verl_resume_fo
 from seal.engines.checkpoint_trust import TRUST_KNOB  # noqa: E402
 from seal.engines.verl.agent_loop import FEED_KEY, validation_records  # noqa: E402
 from seal.logging_utils import append_metrics, metrics_row, trim_metrics  # noqa: E402
-from seal.run_dir import Checkpoints, transcript_sample  # noqa: E402
+from seal.run_dir import Checkpoints, transcript_failures_logged, transcript_sample  # noqa: E402
 
 # TransferQueue fields `_compute_advantage` reads (verl's own list for its advantage step).
 ADVANTAGE_INPUTS = ["uid", "response_mask", "rm_scores", "rollout_log_probs", "old_log_probs", "ref_log_prob",
@@ -363,8 +363,9 @@ class TrainerAdapter(PPOTrainerSync):
 
     def _keep_transcripts(self, keys: list[str], partition: str, records: list[EpisodeRecord | None]) -> None:
         """The step's transcript sample (`seal.run_dir.transcript_sample`): the kept rows' token ids from
-        TransferQueue, handed to `keep_transcripts`. A diagnostic: a failure here is logged, never the step's."""
-        try:
+        TransferQueue, handed to `keep_transcripts`. A failure anywhere here is logged and the step goes on
+        (`seal.run_dir.transcript_failures_logged`, the rule both engines follow)."""
+        with transcript_failures_logged(getattr(self, "global_steps", "?")):
             rows = transcript_sample([r.task_id if r is not None else None for r in records])
             if not rows:
                 return
@@ -372,8 +373,6 @@ class TrainerAdapter(PPOTrainerSync):
                                  select_fields=["prompts", "responses"])
             tokens = [(td["prompts"][j].tolist(), td["responses"][j].tolist()) for j in range(len(rows))]
             self.keep_transcripts([records[i] for i in rows], tokens)
-        except Exception as exc:  # noqa: BLE001 - the transcripts are for reading, the step must go on
-            log.warning("step %s: training transcripts not written: %r", getattr(self, "global_steps", "?"), exc)
 
     def _update_actor(self, batch: Any, metrics: dict) -> Any:
         if not self.__dict__.pop("_no_learning_signal", False):
