@@ -316,7 +316,8 @@ def train(cfg: C.Recipe, run_dir: str | os.PathLike[str], overrides: Sequence[st
     import seal.engines.verl.trainer  # noqa: F401  - imports the adapter (version check) without a cycle
 
     if cfg.trainer.device == "cpu":
-        from seal.engines.verl.cpu_patches import check_vllm_cpu_version, install_cpu_patches
+        from seal.engines.verl.cpu_patches import install_cpu_patches
+        from seal.engines.verl.versions import check_vllm_cpu_version
 
         check_vllm_cpu_version()  # before Ray: in a worker it would only be a logged warning
         install_cpu_patches()
