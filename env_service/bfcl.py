@@ -2,15 +2,34 @@
 
 ``bfcl_eval`` writes ``result/``, ``score/`` and ``.file_locks/`` folders under ``BFCL_PROJECT_ROOT`` at import
 time (default: inside site-packages), so we point it at a folder private to this user before the first import
-unless the user already chose one (``env_service.process.bfcl_project_root``). Everything else in the project
+unless the user already chose one (:func:`bfcl_project_root`). Everything else in the project
 gets BFCL through this module.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from env_service.process import bfcl_project_root
+BFCL_ROOT_ENV = "BFCL_PROJECT_ROOT"
+
+
+def bfcl_project_root() -> Path:
+    """Where ``bfcl_eval`` writes its ``result/``, ``score/`` and ``.file_locks/`` folders (at import): the
+    user's ``$BFCL_PROJECT_ROOT`` when set, else a folder private to this user,
+    ``$XDG_CACHE_HOME/seal/bfcl_root`` (default ``~/.cache``), made owner-only. Not a fixed name under the
+    shared temp directory, where another user could create it first and own what BFCL writes and reads there.
+    Exported to the environment, so every child process uses the same folder. The one place that sets it."""
+    chosen = os.environ.get(BFCL_ROOT_ENV)
+    if chosen:
+        return Path(chosen)
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    root = Path(cache) / "seal" / "bfcl_root"
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    root.chmod(0o700)
+    os.environ[BFCL_ROOT_ENV] = str(root)
+    return root
+
 
 bfcl_project_root()
 

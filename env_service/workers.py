@@ -35,6 +35,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import psutil
+
 from env_service.budget import BudgetExceeded
 from env_service.config import EpisodeConfig, StepLimit
 from env_service.episode import Episode, EpisodeStateError
@@ -45,16 +47,14 @@ from env_service.tasks import Task
 log = logging.getLogger("env_service")
 _HEADER = struct.Struct("!Q")
 POLL_S = 0.05  # how often a running action's worker is checked for memory growth
-PAGE = os.sysconf("SC_PAGE_SIZE")
 MB = 1 << 20
 
 
 def rss_of(pid: int) -> int:
-    """Resident set size of a process in bytes (0 if it is gone)."""
+    """Resident set size of a process in bytes (0 if it is gone: a worker that died is restarted, not measured)."""
     try:
-        with open(f"/proc/{pid}/statm", "rb") as f:
-            return int(f.read().split()[1]) * PAGE
-    except (OSError, IndexError, ValueError):
+        return psutil.Process(pid).memory_info().rss
+    except psutil.Error:
         return 0
 
 
@@ -262,8 +262,7 @@ class WorkerPool:
     # -- processes
     def _address_space(self) -> int:
         # The service's own address space plus room for the episodes of one worker and one action's budget.
-        with open("/proc/self/statm", "rb") as f:
-            vms = int(f.read().split()[0]) * PAGE
+        vms = psutil.Process().memory_info().vms
         return vms + 4 * self.budget.memory_mb * MB + (1 << 30)
 
     def _spawn(self, worker: _Worker) -> None:

@@ -17,7 +17,7 @@ them, with verl's own functions, for the two patterns the check must tell apart:
   of weights whose bfloat16 value the update changed at all.
 
 The episodes are real: the env service renders BFCL tasks (train mode, raw interface) and the ground-truth replies
-are played through the training episode driver with SmolLM2's own tokenizer (`seal.engines.local.warm_start`'s
+are played through the training episode driver with SmolLM2's own tokenizer (`seal.engines.warm_start`'s
 replay), so prompts, observations and masks are exactly what a training rollout holds. Tokens compared: the
 episode's own sampled tokens (the ground truth), and, at the same positions, tokens drawn from the float32 model's
 distribution there (closer to what on-policy sampling puts in the batch).
@@ -57,7 +57,7 @@ def real_episodes(tokenizer: Any, task_ids: list[str]) -> list[Any]:
     from env_service.process import running_service
     from env_service.vocab import category_of
     from seal.engines.data import Task
-    from seal.engines.local.warm_start import full_episode_limits, warm_start_episodes
+    from seal.engines.warm_start import full_episode_limits, warm_start_episodes
     from seal.recipe import load_config, rollout_limits
 
     cfg = load_config("exp/SEAL.yaml", [])

@@ -30,10 +30,11 @@ This module is deliberately light (no torch, no recipe): the launcher and the re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -376,11 +377,32 @@ def transcript_entry(record: EpisodeRecord, tokenizer: Any, prompt_ids: Sequence
     token ids decoded with the policy's tokenizer, chat template and special tokens included, so the text is
     what the model read and wrote: the prompt's end (its start is the tool documentation) and the response's
     start (the model's turns and the observations between them), each cut by `cut_text`."""
-    return {"task_id": record.task_id, "category": record.category, "reward": record.reward,
-            "accuracy": record.accuracy, "failure_tags": list(record.failure_tags), "excluded": record.excluded,
-            "exclude_reason": record.exclude_reason,
+    fields = record.to_dict()  # the record's one wire form; the line keeps TRANSCRIPT_FIELDS' order
+    return {**{name: fields[name] for name in TRANSCRIPT_FIELDS if name in fields},
             "prompt": cut_text(tokenizer.decode(list(prompt_ids)), keep_end=True),
             "response": cut_text(tokenizer.decode(list(response_ids)))}
+
+
+def validation_entry(record: EpisodeRecord, **extras: Any) -> dict[str, Any]:
+    """One line of `validation/step_<N>.jsonl`, the same in both engines: the episode's record
+    (`EpisodeRecord.to_dict()`), then what the engine adds (the local engine the episode's `num_model_calls`, the
+    verl engine its token ids as sampled)."""
+    return record.to_dict() | extras
+
+
+@contextlib.contextmanager
+def transcript_failures_logged(step: int | str) -> Iterator[None]:
+    """The one rule for a failed transcript write, in both engines: a warning naming the step and the error, and
+    the step goes on.
+
+    Why not fail the step: a transcript is for a person to read. No number of the run is computed from it (the
+    metrics, `advantages.jsonl` and the validation lines are, and their failed writes stop the run), so going on
+    never leaves a wrong number, and stopping would lose the step's training, which a run must keep. Why not
+    silently: the warning says the file is missing and why, so a missing file is never a mystery."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - any failure of a diagnostic (decoding, I/O, schema): the rule above
+        log.warning("step %s: training transcripts not written (a diagnostic: the step goes on): %r", step, exc)
 
 
 def write_transcripts(path: Path, entries: list[dict[str, Any]]) -> None:

@@ -3,7 +3,7 @@ import os
 import pytest
 
 # bfcl_eval writes folders under BFCL_PROJECT_ROOT at import time: the user's private default
-# (env_service.process.bfcl_project_root) unless the environment names one.
+# (env_service.bfcl.bfcl_project_root) unless the environment names one.
 from env_service.process import running_service
 
 

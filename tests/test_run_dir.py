@@ -164,3 +164,15 @@ def test_transcripts_have_one_schema(tmp_path):
         with pytest.raises(ValueError, match="transcript_entry"):
             R.write_transcripts(other, [entry, bad])
         assert not other.exists()
+
+
+def test_a_failed_transcript_write_is_a_warning_and_the_step_goes_on(tmp_path, caplog):
+    """Both engines' rule (`transcript_failures_logged`): a transcript that cannot be written is logged, naming the
+    step and the error, and never stops the step; what runs after the failure inside the block is skipped."""
+    (tmp_path / "transcripts").write_text("a file where the folder should be")
+    reached = []
+    with R.transcript_failures_logged(7):
+        R.write_transcripts(tmp_path / "transcripts" / "step_7.jsonl", [])
+        reached.append(True)
+    assert reached == [] and "step 7: training transcripts not written" in caplog.text
+    assert "the step goes on" in caplog.text and "Error" in caplog.text

@@ -342,16 +342,16 @@ def test_launcher_refuses_training_on_the_eval_split(tmp_path, capsys):
 
 
 def test_bfcl_project_root_is_private_to_the_user(tmp_path, monkeypatch):
-    from env_service import process
+    from env_service import bfcl
 
     monkeypatch.setenv("BFCL_PROJECT_ROOT", "recorded")  # so that teardown restores the variable as it was
     monkeypatch.delenv("BFCL_PROJECT_ROOT")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    root = process.bfcl_project_root()
+    root = bfcl.bfcl_project_root()
     assert root == tmp_path / "cache" / "seal" / "bfcl_root" and os.environ["BFCL_PROJECT_ROOT"] == str(root)
     assert root.stat().st_mode & 0o777 == 0o700
     monkeypatch.setenv("BFCL_PROJECT_ROOT", str(tmp_path / "mine"))
-    assert process.bfcl_project_root() == tmp_path / "mine"  # the user's choice wins
+    assert bfcl.bfcl_project_root() == tmp_path / "mine"  # the user's choice wins
 
 
 # --- 6. the τ² vLLM server ---------------------------------------------------------------------------------

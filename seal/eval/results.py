@@ -37,7 +37,8 @@ While an evaluation runs, each task's record is appended to ``results.jsonl`` as
 rest; the finished file is rewritten in task order.
 
 A path given where an evaluation directory is expected may also be a run directory: it resolves to
-``eval/last`` (the honest number), else to its only ``eval/<name>`` (:func:`resolve_eval_dir`).
+``eval/last`` (the honest number), else to its only ``eval/<name>``, else to its only ``eval/last_*``
+(:func:`resolve_eval_dir`).
 """
 
 from __future__ import annotations
@@ -346,10 +347,12 @@ def write_ordered(out: Path, records: Sequence[Mapping[str, Any]], order: Sequen
 
 
 def resolve_eval_dir(path: str | Path) -> Path:
-    """An evaluation directory from a path to one, or to a run directory holding exactly one (or ``eval/last``).
+    """An evaluation directory from a path to one, or to a run directory: its ``eval/last``, else its only
+    evaluation, else its only ``eval/last_*`` (a subset or other rules, as ``seal-eval --run`` names them).
 
     A run directory resolves to its last checkpoint's evaluation: validation uses the 400 held-in tasks, so
-    ``eval/best`` is selected on the test set and is optimistic; name it explicitly to report it."""
+    ``eval/best*`` is selected on the test set and is optimistic, and is never taken by itself; name it explicitly to
+    report it. Several ``last_*`` (or none, beside other evaluations) are an error naming the candidates."""
     path = Path(path)
     if (path / SUMMARY_FILE).is_file() or (path / RESULTS_FILE).is_file():
         return path
@@ -359,10 +362,12 @@ def resolve_eval_dir(path: str | Path) -> Path:
         if last.is_dir():
             return resolve_eval_dir(last)
         candidates = sorted(p for p in eval_root.iterdir() if p.is_dir())
-        if len(candidates) == 1:
-            return resolve_eval_dir(candidates[0])
+        lasts = [p for p in candidates if p.name.startswith("last_")]
+        if len(candidates) == 1 or len(lasts) == 1:
+            return resolve_eval_dir(candidates[0] if len(candidates) == 1 else lasts[0])
         names = [p.name for p in candidates]
-        raise ValueError(f"{path}: run directory has evaluations {names}; name one (e.g. {eval_root}/<name>)")
+        why = f"several last checkpoint evaluations {[p.name for p in lasts]}" if lasts else "no last_* evaluation"
+        raise ValueError(f"{path}: run directory has evaluations {names} ({why}); name one (e.g. {eval_root}/<name>)")
     raise ValueError(
         f"{path}: not an evaluation directory (no summary.json or results.jsonl) nor a run directory"
     )

@@ -7,7 +7,7 @@ checkpoint? The check the verl learning test runs inside its launch (docs/verl_e
 The run's side is `<run>/validation/step_<N>.jsonl` (the verl engine keeps every validation episode's token ids
 there: `seal.engines.verl.trainer.write_validation_tokens`). The other side plays the same task once with the
 `vllm:` policy (`seal.eval.policies.parse_policy`: greedy, the evaluation's token-level episode loop) on the step's
-Hugging Face export (`checkpoints/step_<N>`, `seal.eval.evaluate.hf_model_dir`), with the run's episode limits
+Hugging Face export (`checkpoints/step_<N>`, `seal.eval.run_checkpoints.hf_model_dir`), with the run's episode limits
 (`config.yaml`) and the run's vLLM settings (`verl_config.yaml`: context window, dtype, memory share), against the
 env service at `env_url` (the run's, or one started with the same settings). Both are evaluation episodes on the
 raw interface. The step must have a checkpoint (validate on a step that saves: the last step always does).
@@ -101,7 +101,7 @@ def same_tokens_as_vllm_policy(run_dir: str | Path, env_url: str, step: int | No
                                task_id: str | None = None) -> dict[str, Any]:
     """The run's validation episode (`run_validation_episode`) against the `vllm:` policy's episode of the same
     task on the step's checkpoint export (`vllm_policy_episode`); `compare_tokens`'s result. Needs vLLM."""
-    from seal.eval.evaluate import hf_model_dir
+    from seal.eval.run_checkpoints import hf_model_dir
     from seal.recipe import load_saved_config, rollout_limits
 
     run = RunDir(run_dir)

@@ -57,6 +57,12 @@ KV_BUCKET = 256
 
 
 def autocast_context(device: torch.device, dtype: torch.dtype | None):
+    """The forward passes' autocast: `dtype` on a GPU, none on CPU (or when `dtype` is None).
+
+    Both the generator here (`generate_batch`) and the local engine's actor (`seal/engines/local/actor.py`,
+    log-probs and the update) run under it, and must, so that the actor's log-probs are those of the sampled
+    tokens' own precision. It lives here, not in the actor's module, because this module is the lower of the two
+    layers (seal.rollout < seal.engines, docs/layout.md): the generator cannot import the actor."""
     if dtype is None or device.type != "cuda":
         return torch.autocast(device_type="cpu", enabled=False)
     return torch.autocast(device_type="cuda", dtype=dtype)

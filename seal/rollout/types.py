@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal, Protocol
 
 from seal.core.record import EpisodeRecord
@@ -143,10 +143,9 @@ class Rollout:
 
     def record(self) -> EpisodeRecord:
         """What the SEAL method reads of this episode (`seal.core.record`): the one place it is built."""
-        return EpisodeRecord(task_id=self.task_id, category=self.category or "",
-                             failure_tags=tuple(self.failure_tags), paper_labels=tuple(self.paper_labels),
-                             reward=self.reward, accuracy=self.accuracy, excluded=self.excluded,
-                             exclude_reason=self.exclude_reason)
+        # Every record field has its namesake here; the record normalises them (tags to tuples, a missing
+        # category derived from the task id).
+        return EpisodeRecord(**{f.name: getattr(self, f.name) for f in fields(EpisodeRecord)})
 
     def extras(self) -> dict:
         """Per-sample fields the trainer carries next to the tensors: the episode's record

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from seal import recipe as C
+from seal.engines import warm_start as W
 from seal.engines.local import backend as B
 from seal.engines.local import engine as E
-from seal.engines.local import warm_start as W
 from seal.rollout.types import SamplingParams
 from tests.engines.test_local_engine import _resume_cfg
 from tests.helpers import shm_leftovers

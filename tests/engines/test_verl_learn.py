@@ -107,7 +107,7 @@ def test_verl_learns_on_two_ranks_and_resumes(tmp_path, tmp_path_factory, monkey
     import torch
     from transformers import AutoModelForCausalLM
 
-    from seal.engines.local import warm_start as W
+    from seal.engines import warm_start as W
 
     cache = learn_model_cache(tmp_path_factory)
     port = free_port()

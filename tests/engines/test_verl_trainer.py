@@ -457,6 +457,36 @@ def test_engine_refuses_at_once_without_gpus(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_the_env_service_check_is_the_one_health_check(caplog):
+    """`check_env_services` asks `env_service.process.healthy`: a replica that answers is enough (a dead one is
+    warned about, naming its URL); none answering stops the run, naming what it waited for and where."""
+    import http.server
+    import threading
+
+    from env_service.process import free_port
+    from seal.engines.verl.launch import EngineUnavailable, check_env_services
+
+    class Healthz(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            self.send_response(200 if self.path == "/healthz" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Healthz)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    alive, dead = f"http://127.0.0.1:{server.server_address[1]}", f"http://127.0.0.1:{free_port()}"
+    try:
+        check_env_services([alive, dead], timeout=2.0)
+        assert f"env replica {dead} does not answer GET /healthz within 2 s" in caplog.text
+        with pytest.raises(EngineUnavailable, match=r"GET /healthz answered no 200 within 2 s at \['http"):
+            check_env_services([dead], timeout=2.0)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_build_verl_config_writes_round_robin_subsets_and_ray_env(tmp_path):
     import pandas as pd
 

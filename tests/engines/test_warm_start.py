@@ -1,4 +1,4 @@
-"""The embedded default's learning signal (exp/tiny_cpu.yaml, seal/engines/local/warm_start.py), against a real
+"""The embedded default's learning signal (exp/tiny_cpu.yaml, seal/engines/warm_start.py), against a real
 env service: the ground-truth episodes and their failing twins as training plays them, a warm start that
 reaches its target, its cache, and a GRPO step of the default recipe whose groups mix rewards, so that
 advantages, the policy loss and the gradient are non-zero, A-Patch scales them, and the update raises the
@@ -17,9 +17,9 @@ import pytest
 from env_service.tasks import TURN_END_REPLY, failing_twin_replies, ground_truth_replies, ground_truth_tool_calls
 from seal import recipe as C
 from seal.core.controller import initial_training_interface
+from seal.engines import warm_start as W
 from seal.engines.data import load_tasks
 from seal.engines.local import engine as E
-from seal.engines.local import warm_start as W
 
 REPO = Path(__file__).resolve().parents[2]
 

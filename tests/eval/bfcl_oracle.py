@@ -11,7 +11,7 @@ nothing (token counts only size ``max_tokens``, which a script ignores).
 google-genai, ...), which are not installed here and play no part in the Qwen handler or the runner; when it
 cannot be imported, a module holding an empty registry stands in for it. Nothing else is replaced.
 
-Project side: the same script as a text policy through ``seal.eval.evaluate.evaluate_tasks`` against a real
+Project side: the same script as a text policy through ``seal.eval.held_in.evaluate_tasks`` against a real
 env service, episodes created with ``rules="official"``.
 
 A script is a function ``(task, turn, step) -> reply text`` of the task's ground truth, the turn index and the
@@ -378,7 +378,7 @@ def unrunnable_name_is_undefined(bfcl: Bfcl) -> bool:
 
 
 def project_policy(script: Script, prompts: dict[str, list[str]] | None = None):
-    """The script as a text policy for ``seal.eval.evaluate.evaluate_tasks`` (records each rendered prompt)."""
+    """The script as a text policy for ``seal.eval.held_in.evaluate_tasks`` (records each rendered prompt)."""
     from seal.eval.policies import Policy
 
     def factory(task_id: str):

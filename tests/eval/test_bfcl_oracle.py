@@ -18,7 +18,7 @@ import pytest
 
 from env_service.tasks import split_ids
 from env_service.vocab import CATEGORIES, category_of
-from seal.eval import evaluate as ev
+from seal.eval import held_in
 from seal.rollout.client import EnvClient
 from tests.eval import bfcl_oracle as oracle
 
@@ -36,8 +36,8 @@ def project_verdicts(url: str, script_name: str, task_ids: list[str], prompts=No
 
     async def play():
         async with EnvClient(url) as client:
-            return await ev.evaluate_tasks(policy, client, task_ids, concurrency=8, progress=False,
-                                           rules="official")
+            return await held_in.evaluate_tasks(policy, client, task_ids, concurrency=8, progress=False,
+                                                rules="official")
 
     return {r["task_id"]: r for r in asyncio.run(play())}
 

@@ -14,7 +14,8 @@ from env_service import grading, vocab
 from env_service.config import EpisodeConfig, StepLimit
 from env_service.parser import format_tool_call
 from env_service.tasks import load_tasks
-from seal.eval.evaluate import _errored, error_notes
+from seal.eval.evaluate import _errored
+from seal.eval.notes import error_notes
 from seal.eval.results import build_summary, record_from_rollout
 from seal.rollout.episode import play_episode
 from tests.helpers import play_turns

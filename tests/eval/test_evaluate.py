@@ -11,6 +11,8 @@ import pytest
 
 from env_service.vocab import CATEGORIES
 from seal.eval import evaluate as ev
+from seal.eval import held_in, run_checkpoints, service
+from seal.eval import notes as summary_notes
 from seal.eval.policies import Policy, PolicyError, constant_agent
 from seal.eval.results import read_summary
 from seal.report.tables import held_in_estimates
@@ -30,7 +32,7 @@ def read_jsonl(path: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def ground_truth_eval(tmp_path_factory):
     out = tmp_path_factory.mktemp("gt")
-    summary = ev.evaluate(ev.EvalRequest(policy="ground_truth", out=out, progress=False))
+    summary = held_in.evaluate(held_in.EvalRequest(policy="ground_truth", out=out, progress=False))
     return out, summary
 
 
@@ -49,7 +51,7 @@ def test_ground_truth_scores_100_except_the_known_anomaly(ground_truth_eval, cap
     assert any("step limit" in n and "covers the longest" in n for n in summary["notes"])
     # How long it took is in the summary's notes and printed here; no bar on it (a shared machine's speed varies).
     print(f"\nground-truth evaluation of 400 tasks: {summary['wall_s']:.1f} s")
-    ev.print_summary(summary, out)
+    summary_notes.print_summary(summary, out)
     printed = capsys.readouterr().out
     assert "| Average | Base | Miss Func | Miss Param | Long Context |" in printed
     assert "| 99.75 ± 0.25 | 100.00 ± 0.00 | 99.00 ± 0.99 | 100.00 ± 0.00 | 100.00 ± 0.00 |" in printed
@@ -79,7 +81,7 @@ def test_output_follows_the_run_directory_contract(ground_truth_eval):
 
 @pytest.mark.slow  # a full 400-task evaluation
 def test_empty_policy_scores_zero(tmp_path):
-    summary = ev.evaluate(ev.EvalRequest(policy="empty", out=tmp_path, progress=False))
+    summary = held_in.evaluate(held_in.EvalRequest(policy="empty", out=tmp_path, progress=False))
     assert summary["n"] == 400
     assert all(value == 0.0 for value in summary["accuracy"].values())
     records = read_jsonl(tmp_path / "results.jsonl")
@@ -120,12 +122,13 @@ def test_official_availability_passes_the_anomaly(tmp_path, capsys):
 
 def test_ground_truth_step_budget_is_raised_for_long_replays(tmp_path):
     tasks = ["multi_turn_long_context_38", "multi_turn_long_context_46"]  # train tasks: 37 and 35 model calls
-    raised = ev.evaluate(ev.EvalRequest(policy="ground_truth", out=tmp_path / "raised", tasks=tasks, progress=False))
+    raised = held_in.evaluate(held_in.EvalRequest(policy="ground_truth", out=tmp_path / "raised", tasks=tasks,
+                                                  progress=False))
     assert raised["accuracy"]["multi_turn_long_context"] == 1.0
     assert any("raised from the release's 20 to 37" in n for n in raised["notes"])
     # Under the release's 20-step episode limit the same replays are cut off and fail: the budget matters.
-    release = ev.evaluate(ev.EvalRequest(policy="ground_truth", out=tmp_path / "release", tasks=tasks,
-                                         service=ev.ServiceSettings(max_steps=20), progress=False))
+    release = held_in.evaluate(held_in.EvalRequest(policy="ground_truth", out=tmp_path / "release", tasks=tasks,
+                                                   service=service.ServiceSettings(max_steps=20), progress=False))
     assert release["accuracy"]["multi_turn_long_context"] == 0.0
     assert all(r["end_reason"] == "step_limit" for r in read_jsonl(tmp_path / "release" / "results.jsonl"))
 
@@ -142,13 +145,13 @@ def test_policy_errors_are_recorded_per_task_and_flagged(service_url):
 
     async def go():
         async with EnvClient(service_url) as client:
-            return await ev.evaluate_tasks(policy, client, tasks, concurrency=2, progress=False)
+            return await held_in.evaluate_tasks(policy, client, tasks, concurrency=2, progress=False)
 
     records = asyncio.run(go())
     assert [r["task_id"] for r in records] == tasks
     assert records[0]["accuracy"] == 0 and "server exploded" in records[0]["error"]
     assert records[1]["error"] is None and records[1]["num_model_calls"] == records[1]["num_turns"]
-    assert ev.error_notes(records) == ["1 task(s) errored and count as failures: multi_turn_base_100"]
+    assert summary_notes.error_notes(records) == ["1 task(s) errored and count as failures: multi_turn_base_100"]
 
 
 def test_unknown_task_is_a_clear_cli_error(tmp_path, capsys):
@@ -216,12 +219,12 @@ def test_best_without_best_json_and_without_metrics(tmp_path):
 def test_hf_model_dir_explains_verl_checkpoints(tmp_path):
     (tmp_path / "actor").mkdir()
     with pytest.raises(PolicyError, match="verl.model_merger"):
-        ev.hf_model_dir(tmp_path)
+        run_checkpoints.hf_model_dir(tmp_path)
     hf = tmp_path / "huggingface"
     hf.mkdir()
     (hf / "config.json").write_text("{}")
     (hf / "model.safetensors").write_bytes(b"")
-    assert ev.hf_model_dir(tmp_path) == hf
+    assert run_checkpoints.hf_model_dir(tmp_path) == hf
 
 
 def test_run_evaluates_last_and_best_checkpoints(service_url, tmp_path, capsys):
@@ -268,11 +271,12 @@ def test_run_evaluates_last_and_best_checkpoints(service_url, tmp_path, capsys):
 
 
 def test_run_names_and_refuses_out(tmp_path):
-    base = ev.EvalRequest(policy="", out=tmp_path)
-    assert ev.run_eval_name("last", base) == "last"  # the paper's evaluation: what seal-tables reads
-    assert ev.run_eval_name("best", ev.EvalRequest(policy="", out=tmp_path, rules="official")) == "best_eval_official"
-    two = ev.EvalRequest(policy="", out=tmp_path, tasks=["multi_turn_base_50", "multi_turn_base_132"])
-    assert ev.run_eval_name("last", two).startswith("last_2tasks-")
+    base = held_in.EvalRequest(policy="", out=tmp_path)
+    assert run_checkpoints.run_eval_name("last", base) == "last"  # the paper's evaluation: what seal-tables reads
+    official = held_in.EvalRequest(policy="", out=tmp_path, rules="official")
+    assert run_checkpoints.run_eval_name("best", official) == "best_eval_official"
+    two = held_in.EvalRequest(policy="", out=tmp_path, tasks=["multi_turn_base_50", "multi_turn_base_132"])
+    assert run_checkpoints.run_eval_name("last", two).startswith("last_2tasks-")
     with pytest.raises(SystemExit):  # --run writes into the run; an --out it would ignore is refused
         ev.parse_args(["--run", "runs/x", "--out", str(tmp_path)])
     assert ev.parse_args(["--run", "runs/x", "--resume"]).resume
@@ -296,12 +300,12 @@ def test_a_failed_start_claims_nothing(service_url, tmp_path, capsys):
 
 
 def test_notes_say_which_tasks_were_evaluated(service_url, tmp_path):
-    summary = ev.evaluate(ev.EvalRequest(policy="empty", out=tmp_path, tasks=["multi_turn_base_50",
-                                         "multi_turn_base_0"], env_url=service_url, progress=False))
+    summary = held_in.evaluate(held_in.EvalRequest(policy="empty", out=tmp_path, tasks=["multi_turn_base_50",
+                                                   "multi_turn_base_0"], env_url=service_url, progress=False))
     (note,) = [n for n in summary["notes"] if n.startswith("tasks:")]
     assert "2 given by --tasks, 1 of them from the eval split" in note
     assert note.endswith("from the train split (trained on, not held-in): multi_turn_base_0")
-    assert ev.task_set_note("eval", None).startswith("tasks: the eval split, the 400 held-in tasks")
+    assert held_in.task_set_note("eval", None).startswith("tasks: the eval split, the 400 held-in tasks")
 
 
 def test_policy_paths_follow_the_input_path_rule(tmp_path, monkeypatch):

@@ -12,6 +12,8 @@ import httpx
 import pytest
 
 from seal.eval import evaluate as ev
+from seal.eval import held_in
+from seal.eval import notes as summary_notes
 from seal.eval.policies import (
     ContextLimitReached,
     Policy,
@@ -65,11 +67,11 @@ def test_a_server_refusing_the_first_prompt_is_an_error(service_url):
 
     async def go():
         async with EnvClient(service_url) as client:
-            return await ev.evaluate_tasks(policy, client, [TASK], concurrency=1, progress=False)
+            return await held_in.evaluate_tasks(policy, client, [TASK], concurrency=1, progress=False)
 
     [record] = asyncio.run(go())
     assert record["error"].startswith(CONTEXT_ERROR) and "maximum context length is 2048" in record["error"]
-    assert any("first prompt does not fit" in n for n in ev.error_notes([record]))
+    assert any("first prompt does not fit" in n for n in summary_notes.error_notes([record]))
 
 
 # --- the context window defaults to the model's own ------------------------------------------------------

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from env_service.tasks import split_ids
-from seal.eval import evaluate as ev
+from seal.eval import held_in
 from seal.eval.policies import OpenAIChat, Policy, PolicyError, completion_text
 from seal.rollout.client import EnvClient
 from tests.eval.fake_openai import BODIES, fake_openai
@@ -61,7 +61,7 @@ def test_any_reply_from_any_endpoint_is_that_tasks_error_and_the_run_goes_on(ser
         async def play():
             async with EnvClient(service_url) as client:
                 try:
-                    return await ev.evaluate_tasks(policy, client, tasks, concurrency=len(tasks), progress=False)
+                    return await held_in.evaluate_tasks(policy, client, tasks, concurrency=len(tasks), progress=False)
                 finally:
                     await policy.aclose()
 
@@ -112,12 +112,12 @@ def test_sigterm_keeps_finished_tasks_deletes_open_episodes_and_resume_finishes(
         fake.hang_after = None
         fake.release.set()
         # resuming with another profile is refused; with the same settings it plays only the rest
-        request = ev.EvalRequest(policy=spec, out=out, tasks=tasks, env_url=service_url, concurrency=1,
-                                 progress=False, rules="release", resume=True)
+        request = held_in.EvalRequest(policy=spec, out=out, tasks=tasks, env_url=service_url, concurrency=1,
+                                      progress=False, rules="release", resume=True)
         with pytest.raises(ValueError, match="--resume"):
-            ev.evaluate(request)
+            held_in.evaluate(request)
         before = fake.answered
-        ev.evaluate(ev.EvalRequest(**{**request.__dict__, "rules": "official"}))
+        held_in.evaluate(held_in.EvalRequest(**{**request.__dict__, "rules": "official"}))
     records = read_jsonl(out / "results.jsonl")
     assert [r["task_id"] for r in records] == tasks
     assert [r for r in records if r["task_id"] in {k["task_id"] for k in kept}] == kept

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from env_service.parser import parse_tool_calls
 from env_service.tasks import TURN_END_REPLY, ground_truth_replies, ground_truth_tool_calls, load_tasks
 from seal.eval import evaluate as ev
+from seal.eval import held_in
 from seal.eval.policies import ContextLimitReached, OpenAIChat, PolicyError, PolicyOptions, parse_policy
 
 # --- specs and self-check scripts ----------------------------------------------------------------------
@@ -219,9 +220,9 @@ def test_hf_policy_runs_on_a_tiny_qwen2(service_url, tmp_path):
     model_dir = build_tiny_qwen2(tmp_path / "tiny")
     tasks = ["multi_turn_base_100", "multi_turn_miss_param_100"]
     out = tmp_path / "eval"
-    summary = ev.evaluate(ev.EvalRequest(policy=f"hf:{model_dir}", out=out, tasks=tasks, env_url=service_url,
-                                         concurrency=2, progress=False,
-                                         options=PolicyOptions(max_tokens_per_call=8, device="cpu")))
+    summary = held_in.evaluate(held_in.EvalRequest(policy=f"hf:{model_dir}", out=out, tasks=tasks, env_url=service_url,
+                                                   concurrency=2, progress=False,
+                                                   options=PolicyOptions(max_tokens_per_call=8, device="cpu")))
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert [r["task_id"] for r in records] == tasks and summary["n"] == 2
     for record in records:

@@ -109,10 +109,12 @@ def test_calls_that_can_only_fail_get_pythons_error_text_and_never_reach_the_che
 
 def test_an_official_evaluation_names_its_rules_in_every_file_and_table(service_url, tmp_path, capsys):
     from seal.eval import evaluate as ev
+    from seal.eval import held_in
+    from seal.eval import notes as summary_notes
 
     tasks = ["multi_turn_miss_func_49", "multi_turn_base_0"]
-    summary = ev.evaluate(ev.EvalRequest(policy="ground_truth", out=tmp_path, tasks=tasks, env_url=service_url,
-                                         rules="official", progress=False))
+    summary = held_in.evaluate(held_in.EvalRequest(policy="ground_truth", out=tmp_path, tasks=tasks,
+                                                   env_url=service_url, rules="official", progress=False))
     # BFCL executes the held-out `tail` the ground truth calls before its reveal: the anomaly passes here
     assert summary["accuracy"]["multi_turn_miss_func"] == 1.0
     assert summary["rules"] == "official" and summary["status"] == "complete"
@@ -120,7 +122,7 @@ def test_an_official_evaluation_names_its_rules_in_every_file_and_table(service_
     assert written["rules"] == "official"
     records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert [r["task_id"] for r in records] == tasks and {r["rules"] for r in records} == {"official"}
-    ev.print_summary(summary, tmp_path)
+    summary_notes.print_summary(summary, tmp_path)
     assert "| rules official |" in capsys.readouterr().out
     args = ev.parse_args(["--policy", "empty", "--rules", "official", "--split", "all"])
     assert str(ev._default_out(args, None)) == "evals/empty_all_official"
@@ -129,7 +131,7 @@ def test_an_official_evaluation_names_its_rules_in_every_file_and_table(service_
 
 
 def test_official_budget_has_no_length_limits_of_its_own():
-    from seal.eval.evaluate import EpisodeBudget
+    from seal.eval.held_in import EpisodeBudget
 
     limits = EpisodeBudget(4096, 32768, official=True).rollout_limits()
     assert limits.max_observation_tokens is None and limits.max_prompt_length == 32767

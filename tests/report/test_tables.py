@@ -220,6 +220,36 @@ def test_run_directory_resolution(tmp_path: Path) -> None:
     assert results.resolve_eval_dir(run) == last
 
 
+def test_a_run_directory_resolves_to_its_only_last_subset_evaluation(tmp_path: Path) -> None:
+    # What `seal-eval --run --tasks ...` writes: best_<subset> and last_<subset>. The last one is taken (best is
+    # selected on held-in tasks); several last_* or none is an error that names every candidate.
+    run = tmp_path / "run"
+    write_eval_dir(run / "eval" / "best_multi_turn_base_50", COUNTS, results=False)
+    write_eval_dir(run / "eval" / "best_eval_official", COUNTS, results=False)
+    with pytest.raises(ValueError, match=r"no last_\* evaluation\); name one") as refused:
+        results.resolve_eval_dir(run)
+    assert "best_eval_official" in str(refused.value) and "best_multi_turn_base_50" in str(refused.value)
+    last = write_eval_dir(run / "eval" / "last_multi_turn_base_50", COUNTS, results=False)
+    assert results.resolve_eval_dir(run) == last
+    write_eval_dir(run / "eval" / "last_eval_official", COUNTS, results=False)
+    with pytest.raises(ValueError, match=r"several last checkpoint evaluations \['last_eval_official', "
+                                         r"'last_multi_turn_base_50'\]\); name one"):
+        results.resolve_eval_dir(run)
+
+
+def test_seal_tables_takes_a_runs_only_last_subset_evaluation(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    # The command on a run directory holding best_<name> and last_<name> (`seal-eval --run` with a subset or other
+    # rules): the row is last's numbers (29.25 on average), never best's (2 of 100 in each category).
+    from seal.report.make_tables import main as seal_tables
+
+    run = tmp_path / "runs" / "seal7b"
+    write_eval_dir(run / "eval" / "best_multi_turn_base_50", {c: 2 for c in CATEGORIES})
+    write_eval_dir(run / "eval" / "last_multi_turn_base_50", COUNTS)
+    assert seal_tables(["--row", f"qwen7b+seal={run}", "--tables", "held_in"]) == 0, capsys.readouterr().err
+    assert "| Qwen2.5-7B-Instruct + SEAL | 29.25 ± 2.14 |" in capsys.readouterr().out
+
+
 def test_cli_with_mapping_file_and_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_eval_dir(tmp_path / "runs" / "seal7b" / "eval" / "last", COUNTS)
     vanilla = write_eval_dir(tmp_path / "vanilla3b", {c: 9 for c in CATEGORIES}, results=False)

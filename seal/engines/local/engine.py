@@ -10,7 +10,8 @@ This module is the step loop; read it top to bottom: `train` (the entry) and `se
 `validate_and_save` its end (validation, the best checkpoint, saving). The jobs it calls live beside it:
 `rollouts.py` (the step's tasks, seeded requests, playing episodes, what a step keeps of them), `actor.py`
 (log-probs and the PPO/GRPO update, as tensor functions), `checkpoint.py` (checkpoint I/O and exact resume),
-`backend.py` (device, precision, generation backend), `warm_start.py` (the supervised warm start).
+`backend.py` (device, precision, generation backend); the supervised warm start, which the verl engine
+runs too, is `seal/engines/warm_start.py`.
 
 Determinism: every model call is seeded from (seed, step, request index, prompt length), so a run
 resumed from a checkpoint continues as the uninterrupted run. Exactly (bit for bit, on the same device
@@ -43,9 +44,9 @@ from seal.engines.local import backend as B
 from seal.engines.local import checkpoint as K
 from seal.engines.local import rollouts as R
 from seal.logging_utils import MetricsLogger, progress
-from seal.rollout.types import GenerateFn
+from seal.rollout.types import GenerateFn, accuracy_reward
 from seal.rollout.vllm_generation import ColocatedVLLM
-from seal.run_dir import Checkpoints, RunDir, best_record, improves, write_transcripts
+from seal.run_dir import Checkpoints, RunDir, best_record, improves, transcript_failures_logged, write_transcripts
 
 log = logging.getLogger("seal.engines.local.engine")
 
@@ -123,7 +124,7 @@ def setup(cfg: C.Recipe, run_dir: str | os.PathLike[str], generate_factory: Gene
 
     base_path = Path(C.model_dir(cfg))  # a built-in model, the tiny model, a local directory or a hub id
     if cfg.model.warm_start.enable:  # the starting policy (and the KL reference) is the warm-started model
-        from seal.engines.local.warm_start import build_warm_start
+        from seal.engines.warm_start import build_warm_start
 
         base_path = build_warm_start(cfg, base_path, train_tasks)
     resume_from = K.resume_point(cfg.trainer.resume, run)
@@ -212,7 +213,8 @@ def training_step(run: LocalRun, step: int) -> dict[str, float]:
     metrics: dict[str, float] = {"timing/rollout": time.perf_counter() - t0,
                                  "train/epoch": float(epoch), "train/step_in_epoch": float(index)}
 
-    write_transcripts(run.run.transcripts_file(step), R.transcript_entries(rollouts, run.tokenizer))
+    with transcript_failures_logged(step):
+        write_transcripts(run.run.transcripts_file(step), R.transcript_entries(rollouts, run.tokenizer))
 
     # 2. C_t: the capability state observes the step's non-excluded rollouts.
     metrics |= controller.observe([r.record() for r in rollouts], step)
@@ -261,10 +263,6 @@ def training_step(run: LocalRun, step: int) -> dict[str, float]:
 
 
 # =========================================================================== validation and checkpoints
-def _accuracy_reward(result: dict) -> float:
-    return float(result["accuracy"])
-
-
 def validate_and_save(run: LocalRun, step: int, validate: bool, save: bool) -> dict[str, float]:
     """The end of step `step` (0: before training): greedy validation on the raw interface when `validate`
     (n = rollout.val_n; `validation/step_<N>.jsonl`), a new best by `trainer.best_metric`
@@ -276,7 +274,7 @@ def validate_and_save(run: LocalRun, step: int, validate: bool, save: bool) -> d
         t0 = time.perf_counter()
         params = C.sampling_params(cfg, "val")
         requests = R.validation_requests(run.val_tasks, params, step, cfg.rollout.val_n, cfg.seed)
-        rollouts = run.episodes.play(requests, params, _accuracy_reward, f"validation@{step}")
+        rollouts = run.episodes.play(requests, params, accuracy_reward, f"validation@{step}")
         metrics |= SealController.validation_metrics([r.record() for r in rollouts])
         metrics |= R.rollout_metrics(rollouts, "val_rollout/")
         metrics["timing/validation"] = time.perf_counter() - t0

@@ -21,7 +21,7 @@ from seal.recipe import DataConfig, EnvConfig
 from seal.rollout.client import EnvClient
 from seal.rollout.episode import EpisodeRequest, check_infra_loss, run_batch
 from seal.rollout.types import GenerateFn, Rollout, RolloutLimits, SamplingParams
-from seal.run_dir import transcript_entry, transcript_sample
+from seal.run_dir import transcript_entry, transcript_sample, validation_entry
 
 
 # --------------------------------------------------------------------------- data order
@@ -141,11 +141,8 @@ def transcript_entries(rollouts: Sequence[Rollout], tokenizer: Any) -> list[dict
 
 
 def write_validation(path: Path, rollouts: Sequence[Rollout]) -> None:
-    """`validation/step_<N>.jsonl`: one record per validation episode."""
+    """`validation/step_<N>.jsonl`: one line per validation episode (`seal.run_dir.validation_entry`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as fh:
         for r in rollouts:
-            fh.write(json.dumps({"task_id": r.task_id, "category": r.category, "accuracy": r.accuracy,
-                                 "failure_tags": r.failure_tags, "paper_labels": r.paper_labels,
-                                 "num_model_calls": r.num_model_calls, "excluded": r.excluded,
-                                 "exclude_reason": r.exclude_reason}) + "\n")
+            fh.write(json.dumps(validation_entry(r.record(), num_model_calls=r.num_model_calls)) + "\n")

