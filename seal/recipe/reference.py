@@ -6,18 +6,17 @@ defaults live only in the dataclasses (`seal.recipe.schema`, `seal.core.*`).
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import typing
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
-from seal.core.config_parsing import allowed_text, type_name
 from seal.recipe.compose import EXP_DIR, REPO_ROOT
+from seal.recipe.problems import allowed, type_name
 from seal.recipe.schema import Recipe
 
 DOCS_PAGE = REPO_ROOT / "docs" / "config.md"
@@ -38,22 +37,22 @@ class Knob:
     constraint: str
 
 
-def knobs(cls: type = Recipe, prefix: str = "") -> Iterator[Knob]:
+def _is_section(hint: Any) -> bool:
+    return isinstance(hint, type) and issubclass(hint, BaseModel)
+
+
+def knobs(cls: type[BaseModel] = Recipe, prefix: str = "") -> Iterator[Knob]:
     """Every leaf key of `cls`, depth first in declaration order."""
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        key = f"{prefix}.{f.name}" if prefix else f.name
-        hint = hints[f.name]
-        if dataclasses.is_dataclass(hint):
-            yield from knobs(hint, key)
+    for name, info in cls.model_fields.items():
+        key = f"{prefix}.{name}" if prefix else name
+        if _is_section(info.annotation):
+            yield from knobs(info.annotation, key)
             continue
-        if "source" not in f.metadata:
-            raise TypeError(f"{key} is not declared with knob(...): it has no source and help")
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        each = typing.get_origin(hint) in (list, tuple, dict) or any(
-            typing.get_origin(a) in (list, tuple, dict) for a in typing.get_args(hint))  # `list[str] | None`
-        yield Knob(key, type_name(hint), default, f.metadata["source"], f.metadata["help"],
-                   allowed_text(f.metadata, each))
+        extra = info.json_schema_extra
+        if not isinstance(extra, dict) or "source" not in extra or not info.description:
+            raise TypeError(f"{key} is not declared with setting(...): it has no source and help")
+        yield Knob(key, type_name(info.annotation), info.get_default(call_default_factory=True), str(extra["source"]),
+                   info.description, allowed(info.annotation, info.metadata))
 
 
 def yaml_value(value: Any) -> str:
