@@ -20,13 +20,12 @@ Pure: the SEAL core must not depend on the recipe loader.
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticUndefined
 
 Source = Literal["paper", "release", "ours"]
-S = TypeVar("S", bound="Section")
 
 
 def setting(default: Any = PydanticUndefined, *, source: Source, help: str, **rules: Any) -> Any:
@@ -41,23 +40,18 @@ def _tuples(value: Any) -> Any:
 
 
 class Section(BaseModel):
-    """A frozen recipe section: unknown keys and loose types are refused, every copy is validated again
-    (`replaced`)."""
+    """A frozen recipe section: unknown keys, loose types and numbers that are not finite are refused."""
 
-    model_config = ConfigDict(strict=True, frozen=True, extra="forbid", allow_inf_nan=False)
+    # revalidate_instances: a section given as an instance (a copy made with pydantic's model_copy, which does
+    # not validate) is checked again, so a recipe built from parts never holds an invalid part.
+    model_config = ConfigDict(strict=True, frozen=True, extra="forbid", allow_inf_nan=False,
+                              revalidate_instances="always")
 
     @model_validator(mode="before")
     @classmethod
     def _lists_as_tuples(cls, data: Any) -> Any:
         # YAML has lists only; the frozen sections hold tuples. Strict typing stays strict for everything else.
         return {k: _tuples(v) for k, v in data.items()} if isinstance(data, dict) else data
-
-
-def replaced(section: S, **changes: Any) -> S:
-    """A copy of `section` with `changes`, validated again like a loaded one (pydantic's `model_copy` is not).
-
-    The one way to change a recipe's value: `replaced(cfg, env=replaced(cfg.env, urls=(url,)))`."""
-    return type(section).model_validate({**dict(section), **changes})
 
 
 def release_zero_fallback(cls: type[Section], data: Any, names: tuple[str, ...]) -> Any:

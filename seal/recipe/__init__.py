@@ -5,7 +5,6 @@ engines derive from it (`derived`) and the generated reference (`reference`; doc
     cfg.rollout.n, cfg.seal.apatch_config, save_config(cfg, run / "config.yaml")
 """
 
-from seal.core.section import replaced
 from seal.recipe.compose import (
     DEFAULT_RECIPE,
     DEFAULTS_NAME,
@@ -15,6 +14,7 @@ from seal.recipe.compose import (
     load_config,
     load_saved_config,
     parse_overrides,
+    replaced,
     save_config,
     schema,
     to_container,

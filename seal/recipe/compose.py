@@ -14,9 +14,8 @@ accepted) are applied last. OmegaConf only composes and resolves `${...}` interp
 range and cross-key rule is the pydantic schema's (`seal.recipe.schema`, `seal.core.*`), which reports every
 problem of a load at once, each naming its key (`seal.recipe.problems`).
 
-`load_config` returns the frozen `Recipe` model: the engines read typed attributes, nothing changes the run's
-config after it was saved, and an invalid recipe cannot exist (a copy with changed values is validated again:
-`seal.core.section.replaced`). `to_container` / `save_config` turn it back into plain YAML.
+`load_config` returns the frozen `Recipe` model: the engines read typed attributes, nothing changes the run's config
+after it was saved, and no invalid recipe exists (`replaced` validates a changed copy again); `save_config` writes it.
 
 Interpolations may not read the environment (`${oc.env:...}`, `${oc.decode:...}`; refused before resolving), and
 no resolved value may hold a known secret's value (`seal.redact`): a recipe's values go into the run
@@ -25,17 +24,16 @@ directory's name, `config.yaml` and the wandb run.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ValidationError
 
 from seal.io_utils import PROJECT_ROOT, input_path
-from seal.recipe.problems import messages
+from seal.recipe.problems import leaves, messages, secret_problems
 from seal.recipe.schema import ConfigError, Recipe
 from seal.recipe.spelling import keep_string_words
 
@@ -43,6 +41,7 @@ REPO_ROOT = PROJECT_ROOT
 EXP_DIR = REPO_ROOT / "exp"
 DEFAULTS_NAME = "defaults"
 DEFAULT_RECIPE = EXP_DIR / "tiny_cpu.yaml"
+M = TypeVar("M", bound=BaseModel)
 
 
 # --------------------------------------------------------------------------- composition
@@ -101,21 +100,10 @@ def schema() -> DictConfig:
     return OmegaConf.create(to_container(Recipe()))
 
 
-def _leaves(tree: Any, key: str = "") -> Iterable[tuple[str, Any]]:
-    if isinstance(tree, dict):
-        for k, v in tree.items():
-            yield from _leaves(v, f"{key}.{k}" if key else str(k))
-    elif isinstance(tree, list):
-        for i, v in enumerate(tree):
-            yield from _leaves(v, f"{key}[{i}]")
-    else:
-        yield key, tree
-
-
 def _merge(parts: Sequence[tuple[DictConfig, str]]) -> tuple[DictConfig, dict[str, str]]:
     """`schema()` with each part merged in order, and which part (`recipe X.yaml`, `overrides`) set each key."""
     origins = {key.split("[")[0]: where for part, where in parts
-               for key, _ in _leaves(OmegaConf.to_container(part, resolve=False))}
+               for key, _ in leaves(OmegaConf.to_container(part, resolve=False))}
     try:
         merged = OmegaConf.merge(schema(), *(part for part, _ in parts))
     except OmegaConfBaseException as exc:
@@ -125,33 +113,15 @@ def _merge(parts: Sequence[tuple[DictConfig, str]]) -> tuple[DictConfig, dict[st
 
 
 # --------------------------------------------------------------------------- validating
-# Resolvers a recipe may not use: `oc.env` reads any environment variable (a secret's value would land in the
-# run directory's name, config.yaml and the wandb run), `oc.decode` can build such an interpolation from parts.
-_ENV_RESOLVERS = re.compile(r"\boc\s*\.\s*(env|decode)\b")
-
-
-def _secret_problems(unresolved: Any, resolved: Any) -> list[str]:
-    """Keys that read the environment (`oc.env`, `oc.decode`), or whose resolved value holds a secret's value
-    (``seal.redact``: what the project knows as secrets), wherever they were set."""
-    from seal.redact import scrub
-
-    problems = [f"{key}: {value!r} reads the environment; recipes may not (it would put a variable's value, a "
-                "secret's too, into the run's name, config.yaml and wandb): write the value itself"
-                for key, value in _leaves(unresolved) if isinstance(value, str) and _ENV_RESOLVERS.search(value)]
-    return problems + [f"{key}: its value holds a secret's value ({scrub(value)}); refused: it would be written "
-                       "to the run directory and wandb" for key, value in _leaves(resolved)
-                       if isinstance(value, str) and scrub(value) != value]
-
-
 def _to_recipe(cfg: DictConfig, origins: Mapping[str, str]) -> Recipe:
-    secret = _secret_problems(OmegaConf.to_container(cfg, resolve=False), {})
+    secret = secret_problems(OmegaConf.to_container(cfg, resolve=False), {})
     if secret:  # refused before resolving: resolving would read the variables
         raise ConfigError.listing(secret)
     try:
         data = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as exc:
         raise ConfigError.listing([f"cannot resolve interpolations: {str(exc).splitlines()[0]}"]) from exc
-    problems = _secret_problems({}, data)
+    problems = secret_problems({}, data)
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
@@ -186,6 +156,16 @@ def from_container(data: Recipe | Mapping[str, Any] | DictConfig) -> Recipe:
     if not isinstance(data, (Mapping, DictConfig)):
         raise ConfigError(f"a recipe must be a mapping, got {type(data).__name__}")
     return _to_recipe(*_merge([(OmegaConf.create(to_container(data)), "config")]))
+
+
+def replaced(section: M, **changes: Any) -> M:
+    """A copy of the recipe or one of its sections with `changes`, validated again like a loaded recipe (pydantic's
+    `model_copy` is not): the one way to change a value, `replaced(cfg, env=replaced(cfg.env, urls=(url,)))`.
+    Problems are named from `section` down (`n`, or `rollout.n` for `replaced(cfg, rollout=...)`)."""
+    try:
+        return type(section).model_validate({**dict(section), **changes})
+    except ValidationError as exc:
+        raise ConfigError.listing(messages(type(section), exc, to_container(section), {})) from exc
 
 
 def validate(data: Recipe | Mapping[str, Any] | DictConfig) -> None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from seal.core.section import replaced
 from seal.io_utils import input_path
 from seal.models import builtin_model, is_builtin
+from seal.recipe.compose import replaced
 from seal.recipe.schema import ConfigError, Recipe
 
 

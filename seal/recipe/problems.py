@@ -9,9 +9,10 @@ recipe with key problems says that its cross-key rules wait for them.
 
 from __future__ import annotations
 
+import re
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ValidationError
@@ -64,9 +65,10 @@ def allowed(hint: Any, metadata: list[Any]) -> str:
     if origin is Literal:
         return "one of " + ", ".join(str(a) for a in args)
     if origin in (typing.Union, types.UnionType):
-        # a one-value member is a switch beside the range (`top_k: >= 1 or -1`)
-        texts = [t for t in (str(typing.get_args(a)[0]) if typing.get_origin(a) is Literal and len(typing.get_args(a))
-                             == 1 else allowed(a, []) for a in args if a is not type(None)) if t]
+        # a one-value member is a switch beside the range, the value that turns the key off (`top_k: -1`)
+        texts = [t for t in (f"{typing.get_args(a)[0]} (off)" if typing.get_origin(a) is Literal
+                             and len(typing.get_args(a)) == 1 else allowed(a, []) for a in args if a is not type(None))
+                 if t]
         return " or ".join([*filter(None, [_bounds(metadata)]), *texts])
     if origin in (list, tuple, dict):
         item = allowed(args[-1] if origin is dict else args[0], [])
@@ -74,14 +76,15 @@ def allowed(hint: Any, metadata: list[Any]) -> str:
     return _bounds(metadata)
 
 
-def locate(root: type[BaseModel], loc: tuple[int | str, ...]) -> tuple[str, FieldInfo | None, type[BaseModel] | None]:
+def locate(root: type[BaseModel], loc: tuple[int | str, ...]) -> tuple[str, FieldInfo | None, type[BaseModel] | None,
+                                                                     bool]:
     """The dotted key of pydantic's `loc` (`rollout.n`, `env.urls[0]`, `seal.apatch.tag_weights.pass`), the field
-    it names (None for a section or an unknown key) and the section model it names (None for a leaf). pydantic's
-    own steps (a union member such as `literal[-1]`) are left out."""
-    key, model, info, mapping = "", root, None, False
+    it names (None for a section or an unknown key), the section model it names (None for a leaf) and whether it
+    names an item of the field. pydantic's own steps (a union member such as `literal[-1]`) are left out."""
+    key, model, info, mapping, item = "", root, None, False, False
     for part in loc:
         if isinstance(part, int):
-            key += f"[{part}]"
+            key, item = f"{key}[{part}]", True
         elif model is not None:
             info = model.model_fields.get(part)
             key = f"{key}.{part}" if key else str(part)
@@ -90,11 +93,12 @@ def locate(root: type[BaseModel], loc: tuple[int | str, ...]) -> tuple[str, Fiel
             mapping = typing.get_origin(hint) is dict
             info = None if model is not None else info
         elif mapping:  # a key of a mapping setting (tag_weights, cue_texts)
-            key, mapping = f"{key}.{part}", False
-    return key, info, model
+            key, mapping, item = f"{key}.{part}", False, True
+    return key, info, model, item
 
 
 def _origin(key: str, origins: Mapping[str, str]) -> str:
+    key = key.split("[")[0]
     while key and key not in origins:
         key = key.rpartition(".")[0]
     return f" (from {origins[key]})" if key else ""
@@ -104,7 +108,15 @@ def _kind(value: Any) -> str:
     return "null" if value is None else "mapping" if isinstance(value, dict) else type(value).__name__
 
 
-def _wrong(e: Any, info: FieldInfo | None, section: type[BaseModel] | None) -> str:
+def _item_type(hint: Any) -> Any:
+    """The type of one item of a list, tuple or mapping type (`tuple[str, ...] | None` -> `str`)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return _item_type(next(a for a in args if a is not type(None)))
+    return args[-1] if origin is dict else args[0] if origin in (list, tuple) else hint
+
+
+def _wrong(e: Any, info: FieldInfo | None, section: type[BaseModel] | None, item: bool) -> str:
     """What the value breaks, in the reference's words (`docs/config.md`): its type, value set or range."""
     value = e["input"]
     if section is not None:
@@ -112,7 +124,8 @@ def _wrong(e: Any, info: FieldInfo | None, section: type[BaseModel] | None) -> s
     if info is None or e["type"] == "finite_number":
         return f"{e['msg'].replace('Input should', 'must')}, got {value!r}"
     if e["type"].endswith("_type"):  # int_type, bool_type, string_type, dict_type, ...
-        return f"expected {type_name(info.annotation)}, got {_kind(value)} ({value!r})"
+        hint = _item_type(info.annotation) if item else info.annotation
+        return f"expected {type_name(hint)}, got {_kind(value)} ({value!r})"
     rule = allowed(info.annotation, info.metadata).removeprefix("each ")
     text = f"must lie in {rule}" if rule[:1] in "[(" else f"must be {rule}"
     return f"{text}, got {value!r} ({info.description})"
@@ -125,7 +138,7 @@ def messages(root: type[BaseModel], exc: ValidationError, known: Any, origins: M
     seen: set[str] = set()
     waiting = False  # a key problem: the cross-key rules that read it did not run
     for e in exc.errors():
-        key, info, section = locate(root, e["loc"])
+        key, info, section, item = locate(root, e["loc"])
         if e["type"] == "extra_forbidden":
             hint = VOCABULARY_HINT if key.endswith(".vocabulary") else "every key is listed in docs/config.md"
             where = _origin(key, origins).removesuffix(")").removeprefix(" (")
@@ -141,5 +154,34 @@ def messages(root: type[BaseModel], exc: ValidationError, known: Any, origins: M
             waiting = True
             if key not in seen:  # a union (`top_k`) reports once per member: one message says the whole rule
                 seen.add(key)
-                out.append(f"{key}: {_wrong(e, info, section)}{_origin(key, origins)}")
+                out.append(f"{key}: {_wrong(e, info, section, item)}{_origin(key, origins)}")
     return [*out, WAITING] if waiting else out
+
+
+def leaves(tree: Any, key: str = "") -> Iterable[tuple[str, Any]]:
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from leaves(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(tree, list):
+        for i, v in enumerate(tree):
+            yield from leaves(v, f"{key}[{i}]")
+    else:
+        yield key, tree
+
+
+# Resolvers a recipe may not use: `oc.env` reads any environment variable (a secret's value would land in the
+# run directory's name, config.yaml and the wandb run), `oc.decode` can build such an interpolation from parts.
+_ENV_RESOLVERS = re.compile(r"\boc\s*\.\s*(env|decode)\b")
+
+
+def secret_problems(unresolved: Any, resolved: Any) -> list[str]:
+    """Keys that read the environment (`oc.env`, `oc.decode`), or whose resolved value holds a secret's value
+    (``seal.redact``: what the project knows as secrets), wherever they were set."""
+    from seal.redact import scrub
+
+    problems = [f"{key}: {value!r} reads the environment; recipes may not (it would put a variable's value, a "
+                "secret's too, into the run's name, config.yaml and wandb): write the value itself"
+                for key, value in leaves(unresolved) if isinstance(value, str) and _ENV_RESOLVERS.search(value)]
+    return problems + [f"{key}: its value holds a secret's value ({scrub(value)}); refused: it would be written "
+                       "to the run directory and wandb" for key, value in leaves(resolved)
+                       if isinstance(value, str) and scrub(value) != value]

@@ -14,7 +14,7 @@ Where a rule lives (each in one place):
 * rules across sections: `Recipe`'s `model_validator`.
 
 A `Recipe` that exists has passed all of them, and so has every copy with changed values
-(`seal.core.section.replaced`). The episode's length rules (`seal.rollout.types.RolloutLimits`) are stated here
+(`seal.recipe.replaced`). The episode's length rules (`seal.rollout.types.RolloutLimits`) are stated here
 only: the engines build the limits from a validated recipe (`seal.recipe.derived.rollout_limits`).
 """
 
