@@ -5,8 +5,8 @@ from __future__ import annotations
 import ast
 import types
 import typing
-from typing import Annotated, Literal
 from pathlib import Path
+from typing import Annotated, Literal
 
 import pytest
 from omegaconf import OmegaConf
