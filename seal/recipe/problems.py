@@ -149,6 +149,9 @@ def messages(root: type[BaseModel], exc: ValidationError, known: Any, origins: M
             fields = section.model_fields if section is not None else {}
             for line in str(e["ctx"]["error"]).splitlines():
                 first = line.split(" ", 1)[0].rstrip(":")
+                if key and first in fields:  # the rule names its section's keys bare: name them in full
+                    named = [f for f in fields if "_" in f and f != first]  # plain words may be prose
+                    line = re.sub(rf"(?<![.\w])({'|'.join(named)})\b", rf"{key}.\1", line) if named else line
                 out.append(line if not key else f"{key}.{line}" if first in fields else f"{key}: {line}")
         else:
             waiting = True
