@@ -230,7 +230,8 @@ def test_explicit_zeros_stay_zeros():
     (["seal.capability.min_weight=0.0"], "seal.capability.min_weight: must be > 0"),
     (["seal.capability.prevalence_alpha=-1"], "seal.capability.prevalence_alpha: must be >= 0"),
     (["seal.capability.confidence_samples=.inf"], "seal.capability.confidence_samples: must be a finite number, got inf"),
-    (["seal.capability.min_weight=1.5", "seal.capability.max_weight=1.2"], "min_weight must be <= max_weight"),
+    (["seal.capability.min_weight=1.5", "seal.capability.max_weight=1.2"],
+     "seal.capability.min_weight must be <= seal.capability.max_weight"),
 ])
 def test_dynamic_config_validation(overrides, message):
     # The knobs' declared ranges are checked where a run's config is built: the recipe.
