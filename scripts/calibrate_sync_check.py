@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -58,11 +57,11 @@ def real_episodes(tokenizer: Any, task_ids: list[str]) -> list[Any]:
     from env_service.vocab import category_of
     from seal.engines.data import Task
     from seal.engines.warm_start import full_episode_limits, warm_start_episodes
-    from seal.recipe import load_config, rollout_limits
+    from seal.recipe import load_config, replaced, rollout_limits
 
     cfg = load_config("exp/SEAL.yaml", [])
     with running_service(["--allow-train-on-eval"]) as (url, _proc):
-        env = dataclasses.replace(cfg.env, urls=[url])
+        env = replaced(cfg.env, urls=(url,))
         return warm_start_episodes(tokenizer, [Task(t, category_of(t)) for t in task_ids], None, env,
                                    full_episode_limits(rollout_limits(cfg)), concurrency=2, failing_twin=False)
 

@@ -105,7 +105,7 @@ def accuracy(theta: np.ndarray, world: World) -> float:
 
 def controller_for(variant: dict) -> SealController:
     cfg = SealConfig(
-        diagnosis=DiagnosisConfig("paper"),
+        diagnosis=DiagnosisConfig(vocabulary="paper"),
         apatch=APatchSettings(enable=variant.get("apatch", True)),
         interface=InterfaceConfig(enable=False),  # a simulated turn has no observation for Ω_t to augment
         adaptive=AdaptiveConfig(rho=variant.get("rho", "fixed"), rho_rate=variant.get("rho_rate", 1.0),

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import logging
 import os
 import re
@@ -112,14 +111,14 @@ def run_env_service(cfg: Recipe, run: RunDir) -> Iterator[Recipe]:
     `env.urls` empty: a service of this run's own on a free loopback port (stopped at the end). A named URL
     that answers: used, never stopped (this run did not start it). A named loopback URL that does not answer:
     started there when `env.start_service` (and then stopped at the end)."""
-    from seal.recipe import env_service_args
+    from seal.recipe import env_service_args, replaced
 
     urls = [str(u) for u in cfg.env.urls]
     if not urls:
         log.info("starting the run's own env service on a free loopback port (log: %s)", run.env_service_log)
         with running_service(env_service_args(cfg), log_path=run.env_service_log, timeout=300.0) as (url, _proc):
             log.info("env service ready at %s", url)
-            yield dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, urls=[url]))
+            yield replaced(cfg, env=replaced(cfg.env, urls=(url,)))
         return
     if healthy(urls[0]):
         log.info("using the env service already answering at %s: this run did not start it and will not stop "

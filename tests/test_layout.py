@@ -317,3 +317,22 @@ def test_the_size_checks_see_tables_and_long_functions():
     code = ast.parse("def f(x):\n    y = [x]\n    return y\n").body[0]
     assert is_literal_table(table) and not is_literal_table(code)
     assert _lines(table) == 4
+
+
+# --------------------------------------------------------------------------- the recipe's one validation stack
+MAX_COMPOSE_LINES = 200  # seal/recipe/compose.py: composition and overrides only; validation is the schema's
+
+
+def test_the_recipe_has_one_validation_stack():
+    # The recipe's rules are pydantic's (seal.core.section, seal.recipe.schema): no second knob checker beside it,
+    # no typed merge retried key by key, and compose.py stays composition.
+    compose = REPO / "seal" / "recipe" / "compose.py"
+    assert len(compose.read_text(encoding="utf-8").splitlines()) <= MAX_COMPOSE_LINES
+    assert not (REPO / "seal" / "core" / "config_parsing.py").exists(), "the knob machinery is back"
+    defined = {node.name for path in project_modules().values()
+               for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+               if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    assert not {"knob", "knob_problems", "field_problems", "range_bounds"} & defined
+    loops = [ast.unparse(n.iter) for n in ast.walk(ast.parse(compose.read_text(encoding="utf-8")))
+             if isinstance(n, ast.For) and "range" in ast.unparse(n.iter)]
+    assert loops == [], f"a retry loop in compose.py: {loops}"

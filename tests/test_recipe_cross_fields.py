@@ -1,19 +1,19 @@
-"""The recipe check holds every rule of the episode limits: a recipe that loads never fails at its first episode.
+"""The recipe holds every rule of the episode limits: a recipe that loads never fails at its first episode.
 
-The rules come from ``seal.rollout.types.RolloutLimits`` (what the engines build from the recipe,
-``seal.recipe.derived.rollout_limits``): a model call needs room for its prompt, and the observation cut keeps a
-100-token margin. Each was checked only inside a worker before.
+The engines build ``seal.rollout.types.RolloutLimits`` from a validated recipe (``seal.recipe.derived.rollout_limits``)
+and check nothing again, so the rules are the recipe's alone: a model call needs room for its prompt, the
+observation cut keeps a 100-token margin, and the whole sequence fits the context. This test states what an
+episode needs (``episode_needs``) independently of the schema and checks that the recipe refuses exactly what breaks
+it.
 """
 
 from __future__ import annotations
-
-from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seal.recipe import EXP_DIR, load_config
+from seal.recipe import EXP_DIR, load_config, replaced
 from seal.recipe.derived import rollout_limits, sampling_params
 from seal.recipe.schema import ConfigError
 
@@ -21,7 +21,17 @@ BASE = load_config(str(EXP_DIR / "SEAL.yaml"))
 
 
 def _with(**rollout) -> object:
-    return replace(BASE, rollout=replace(BASE.rollout, **rollout))
+    # The copied section is validated by the recipe's `replaced`, so its problems are named by their whole key.
+    return replaced(BASE, rollout=BASE.rollout.model_copy(update=rollout))
+
+
+def episode_needs(limits) -> bool:
+    """What the agent loop (seal.rollout.episode) needs of its limits."""
+    positive = all(getattr(limits, k) >= 1 for k in ("max_prompt_length", "max_response_length", "max_model_len",
+                                                     "max_tokens_per_call", "max_model_calls"))
+    cut = limits.max_observation_tokens is None or limits.max_observation_tokens > 200
+    fits = limits.max_prompt_length + limits.max_response_length <= limits.max_model_len
+    return positive and cut and fits and limits.max_tokens_per_call < limits.max_model_len
 
 
 @pytest.mark.parametrize("rollout, key", [
@@ -46,15 +56,16 @@ def test_the_same_rule_is_refused_through_an_override():
        max_model_calls=st.integers(1, 100))
 def test_a_recipe_that_loads_builds_its_episode_limits(max_model_len, max_tokens_per_call, max_observation_tokens,
                                                       max_prompt_length, max_response_length, max_model_calls):
+    data = {"max_prompt_length": max_prompt_length, "max_response_length": max_response_length}
+    rollout = {"max_model_len": max_model_len, "max_tokens_per_call": max_tokens_per_call,
+               "max_observation_tokens": max_observation_tokens, "max_model_calls": max_model_calls}
+    wanted = episode_needs(type(rollout_limits(BASE))(**data, **rollout))
     try:
-        cfg = replace(BASE, data=replace(BASE.data, max_prompt_length=max_prompt_length,
-                                         max_response_length=max_response_length),
-                      rollout=replace(BASE.rollout, max_model_len=max_model_len,
-                                      max_tokens_per_call=max_tokens_per_call,
-                                      max_observation_tokens=max_observation_tokens,
-                                      max_model_calls=max_model_calls))
+        data_part, rollout_part = BASE.data.model_copy(update=data), BASE.rollout.model_copy(update=rollout)
+        cfg = replaced(BASE, data=data_part, rollout=rollout_part)  # validates the copied parts too
     except ConfigError:
-        return  # refused at load time, with the keys named: nothing can fail later
-    rollout_limits(cfg)  # what each episode builds (raises on a rule the recipe check missed)
+        assert not wanted  # refused at load time, with the keys named, only when an episode could not run
+        return
+    assert wanted and episode_needs(rollout_limits(cfg))  # a recipe that loads runs its episodes
     for mode in ("train", "val"):
         sampling_params(cfg, mode, seed=1)

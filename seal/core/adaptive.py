@@ -27,12 +27,13 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import model_validator
 
 from env_service.vocab import EXCLUDED_TAGS, SUCCESS_TAGS
-from seal.core.config_parsing import knob
 from seal.core.profile import BucketStat
+from seal.core.section import Section, setting
 from seal.core.weights import UNKNOWN_TAG
 
 if TYPE_CHECKING:
@@ -47,28 +48,34 @@ STATE_FORMAT = 1
 NEUTRAL_REPAIRABILITY = 0.5  # r̄ before any evidence
 
 
-@dataclass(frozen=True)
-class AdaptiveConfig:
+class AdaptiveConfig(Section):
     """``seal.adaptive``: learned utility weights and the per-task weight baseline (all ours, all off)."""
 
-    rho: str = knob("fixed", source="ours", choices=RHO_MODES,
-                    help="utility weights: fixed (the paper's table) | adaptive (from repairability)")
-    rho_rate: float = knob(1.0, source="ours", ge=0, le=10,
-                           help="eta: how strongly a type's repairability above the mean raises its rho")
-    repair_prior: float = knob(4.0, source="ours", ge=0,
-                               help="pseudo-visits shrinking a failure type's repairability towards the mean")
-    repair_decay: float = knob(0.9, source="ours", gt=0, le=1,
-                               help="per-step decay of the repairability statistics (1 = the whole run counts)")
-    task_weights: str = knob("off", source="ours", choices=TASK_WEIGHT_MODES,
-                             help="per-task advantage weights: off | slime (the peer baseline, outcome-only)")
-    task_min_attempts: int = knob(5, source="ours", ge=1, help="slime: attempts of a task before it is weighted")
-    task_solved_rate: float = knob(0.75, source="ours", ge=0, le=1,
-                                   help="slime: success rate above which a task counts as solved")
-    task_unsolved_rate: float = knob(0.25, source="ours", ge=0, le=1,
-                                     help="slime: success rate below which a task counts as unsolved")
-    task_solved_scale: float = knob(0.1, source="ours", gt=0, le=1, help="slime: advantage factor of a solved task")
-    task_unsolved_scale: float = knob(0.5, source="ours", gt=0, le=1,
-                                      help="slime: advantage factor of an unsolved task")
+    rho: Literal[RHO_MODES] = setting("fixed", source="ours",
+                                      help="utility weights: fixed (the paper's table) | adaptive (from repairability)")
+    rho_rate: float = setting(1.0, source="ours", ge=0, le=10,
+                              help="eta: how strongly a type's repairability above the mean raises its rho")
+    repair_prior: float = setting(4.0, source="ours", ge=0,
+                                  help="pseudo-visits shrinking a failure type's repairability towards the mean")
+    repair_decay: float = setting(0.9, source="ours", gt=0, le=1,
+                                  help="per-step decay of the repairability statistics (1 = the whole run counts)")
+    task_weights: Literal[TASK_WEIGHT_MODES] = setting(
+        "off", source="ours",
+        help="per-task advantage weights: off | slime (the peer baseline, outcome-only)")
+    task_min_attempts: int = setting(5, source="ours", ge=1, help="slime: attempts of a task before it is weighted")
+    task_solved_rate: float = setting(0.75, source="ours", ge=0, le=1,
+                                      help="slime: success rate above which a task counts as solved")
+    task_unsolved_rate: float = setting(0.25, source="ours", ge=0, le=1,
+                                        help="slime: success rate below which a task counts as unsolved")
+    task_solved_scale: float = setting(0.1, source="ours", gt=0, le=1, help="slime: advantage factor of a solved task")
+    task_unsolved_scale: float = setting(0.5, source="ours", gt=0, le=1,
+                                         help="slime: advantage factor of an unsolved task")
+
+    @model_validator(mode="after")
+    def _check(self) -> AdaptiveConfig:
+        if self.task_unsolved_rate > self.task_solved_rate:
+            raise ValueError("task_unsolved_rate must be <= task_solved_rate")
+        return self
 
 
 def is_failure_type(tag: str) -> bool:

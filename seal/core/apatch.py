@@ -20,13 +20,13 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
+from pydantic import Field, model_validator
 
 from env_service.vocab import EXCLUDED_TAGS
-from seal.core.config_parsing import field_values, knob
+from seal.core.section import Section, setting
 from seal.core.weights import DEFAULT_WEIGHT, base_weights, check_vocabulary, known_tags, reply_field
 
 if TYPE_CHECKING:
@@ -37,52 +37,49 @@ APPLY_TO = ("all", "positive", "negative")
 METRIC_PREFIX = "apatch/"
 
 
-@dataclass(frozen=True)
-class APatchSettings:
+class APatchSettings(Section):
     """The A-Patch knobs a recipe sets (``seal.apatch``): all but the vocabulary.
 
     The vocabulary is chosen once for every SEAL component (``seal.diagnosis.vocabulary``), so it is
     not a knob here; ``APatchConfig`` adds it (``seal.core.config.SealConfig.apatch_config``).
     """
 
-    enable: bool = knob(True, source="release", help="A-Patch on (tocf.advantage.apatch.enable; SEAL recipe: on)")
-    apply_to: str = knob("all", source="release", choices=APPLY_TO,
-                         help="which advantage tokens are scaled: all, or only positive / negative ones")
-    warmup_steps: int = knob(0, source="release", ge=0,
-                             help="A-Patch is skipped while global_step < warmup_steps (steps count from 1)")
+    enable: bool = setting(True, source="release", help="A-Patch on (tocf.advantage.apatch.enable; SEAL recipe: on)")
+    apply_to: Literal[APPLY_TO] = setting(
+        "all", source="release",
+        help="which advantage tokens are scaled: all, or only positive / negative ones")
+    warmup_steps: int = setting(0, source="release", ge=0,
+                                help="A-Patch is skipped while global_step < warmup_steps (steps count from 1)")
     # Scales stay positive (a non-positive one would flip an advantage's sign) and 1.0, the scale of an
     # untagged trajectory, lies between the bounds.
-    min_scale: float = knob(0.5, source="paper", gt=0, le=1, help="w_min: lower clip of a trajectory's mean tag weight")
-    max_scale: float = knob(2.0, source="paper", ge=1, help="w_max: upper clip of a trajectory's mean tag weight")
-    tag_weights: dict[str, float] = knob(
-        {}, source="release", ge=0,
+    min_scale: float = setting(0.5, source="paper", gt=0, le=1,
+                               help="w_min: lower clip of a trajectory's mean tag weight")
+    max_scale: float = setting(2.0, source="paper", ge=1, help="w_max: upper clip of a trajectory's mean tag weight")
+    tag_weights: dict[str, Annotated[float, Field(ge=0)]] = setting(
+        {}, source="release",
         help="per-tag overrides of the vocabulary's rho table (also the capability state's base weights)")
-    tags_key: str | None = knob(None, source="ours",
-                                help="non_tensor_batch column with each sample's tags; null = by vocabulary")
-
-    def __post_init__(self) -> None:
-        weights = {str(k): float(v) for k, v in dict(self.tag_weights or {}).items()}
-        object.__setattr__(self, "tag_weights", weights)
+    tags_key: str | None = setting(None, source="ours",
+                                   help="non_tensor_batch column with each sample's tags; null = by vocabulary")
 
 
-@dataclass(frozen=True)
 class APatchConfig(APatchSettings):
     """A-Patch knobs bound to a diagnosis vocabulary (what ``apply_apatch`` reads)."""
 
-    vocabulary: str = knob("progress", source="ours", help="progress (release tags) or paper (paper labels)")
+    vocabulary: str = setting("progress", source="ours", help="progress (release tags) or paper (paper labels)")
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _check(self) -> APatchConfig:
         check_vocabulary(self.vocabulary)
-        super().__post_init__()
         allowed = known_tags(self.vocabulary)
         bad = sorted(k for k in self.tag_weights if k not in allowed)
         if bad:
             raise ValueError(f"apatch.tag_weights: invalid entries {bad} (tags of the {self.vocabulary!r} vocabulary)")
+        return self
 
     @classmethod
     def bind(cls, settings: APatchSettings, vocabulary: str) -> APatchConfig:
         """The recipe's ``seal.apatch`` knobs with the run's vocabulary."""
-        return cls(**field_values(settings), vocabulary=vocabulary)
+        return cls.model_validate({**dict(settings), "vocabulary": vocabulary})
 
     @property
     def tags_column(self) -> str:

@@ -33,15 +33,16 @@ import math
 import os
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+
+from pydantic import model_validator
 
 from env_service.vocab import EXCLUDED_TAGS, PASS
-from seal.core.config_parsing import apply_release_zero_fallback, knob
 from seal.core.profile import BucketStat, FailureProfile, failure_profile
 from seal.core.record import EpisodeRecord, check_records
+from seal.core.section import Section, release_zero_fallback, setting
 from seal.core.weights import UNKNOWN_TAG, check_vocabulary
 from seal.core.weights import base_weights as base_weight_table
 from seal.io_utils import write_json_atomic
@@ -55,35 +56,39 @@ class RunMismatchError(ValueError):
     """A saved capability state belongs to another run (its ``run_id`` differs)."""
 
 
-@dataclass(frozen=True)
-class DynamicWeightConfig:
+class DynamicWeightConfig(Section):
     """Dynamic tag-weight knobs (docs/release_behaviour.md §10.2). Source of each default in brackets."""
 
-    enable: bool = knob(True, source="release",
-                        help="dynamic tag weights from C_t (release dynamic.enable); false = the static rho table")
-    ema_beta: float = knob(0.25, source="release", ge=0, le=1,
-                            help="beta: EMA step of the weights toward their target; 0 = fixed")
-    prevalence_alpha: float = knob(1.0, source="release", ge=0,
-                                   help="alpha: how strongly tag prevalence moves the target; 0 = base weight")
-    confidence_samples: float = knob(32.0, source="release", ge=0,
-                                     help="occurrences of a tag for full confidence in its statistics; 0 = at once")
-    min_weight: float = knob(0.5, source="release", gt=0, help="lower clamp of a tag's target weight")
-    max_weight: float = knob(2.0, source="release", gt=0, help="upper clamp of a tag's target weight")
-    release_zero_fallback: bool = knob(
+    enable: bool = setting(True, source="release",
+                           help="dynamic tag weights from C_t (release dynamic.enable); false = the static rho table")
+    ema_beta: float = setting(0.25, source="release", ge=0, le=1,
+                               help="beta: EMA step of the weights toward their target; 0 = fixed")
+    prevalence_alpha: float = setting(1.0, source="release", ge=0,
+                                      help="alpha: how strongly tag prevalence moves the target; 0 = base weight")
+    confidence_samples: float = setting(32.0, source="release", ge=0,
+                                        help="occurrences of a tag for full confidence in its statistics; 0 = at once")
+    min_weight: float = setting(0.5, source="release", gt=0, help="lower clamp of a tag's target weight")
+    max_weight: float = setting(2.0, source="release", gt=0, help="upper clamp of a tag's target weight")
+    release_zero_fallback: bool = setting(
         False, source="ours",
         help="true = the release's `value or default` parsing: 0 for ema_beta / alpha / samples means the default")
-    reset_on_empty: bool = knob(
+    reset_on_empty: bool = setting(
         False, source="ours",
         help="a profile with no non-harness tag (e.g. a window of checker_error only): false keeps the previous "
              "weights; true = the release, the base table for that step only (the moving average is kept)")
 
-    RELEASE_OR_DEFAULT_FIELDS = ("ema_beta", "prevalence_alpha", "confidence_samples")
+    RELEASE_OR_DEFAULT_FIELDS: ClassVar[tuple[str, ...]] = ("ema_beta", "prevalence_alpha", "confidence_samples")
 
-    def __post_init__(self) -> None:
-        if self.release_zero_fallback:
-            apply_release_zero_fallback(self, self.RELEASE_OR_DEFAULT_FIELDS)
+    @model_validator(mode="before")
+    @classmethod
+    def _release_parsing(cls, data: Any) -> Any:
+        return release_zero_fallback(cls, data, cls.RELEASE_OR_DEFAULT_FIELDS)
+
+    @model_validator(mode="after")
+    def _check(self) -> DynamicWeightConfig:
         if self.min_weight > self.max_weight:
             raise ValueError(f"min_weight must be <= max_weight, got {self.min_weight} > {self.max_weight}")
+        return self
 
 
 def _observed(record: EpisodeRecord, vocabulary: str) -> tuple[str, str, tuple[str, ...], float, float]:
@@ -306,7 +311,7 @@ class CapabilityState:
             "run_id": self.run_id,
             "vocabulary": self.vocabulary,
             "base_weights": dict(self.base_weights),
-            "config": asdict(self.config),
+            "config": self.config.model_dump(),
             "observe_count": self.observe_count,
             "last_step": self.last_step,
             "dynamic_weights": dict(self._weights),

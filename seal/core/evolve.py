@@ -34,13 +34,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
-from typing import Any
+from dataclasses import replace
+from typing import Any, ClassVar, Literal
+
+from pydantic import model_validator
 
 from env_service import vocab
 from env_service.protocol import MAX_CUE_TEXT_CHARS, MAX_CUES, parse_omega
-from seal.core.config_parsing import apply_release_zero_fallback, field_values, knob
 from seal.core.profile import FailureProfile, TagProfile
+from seal.core.section import Section, release_zero_fallback, setting
 from seal.core.weights import UNKNOWN_TAG, check_vocabulary, known_tags
 
 ERROR_FEEDBACK_MODES = ("off", "on", "adaptive")
@@ -110,91 +112,96 @@ CUE_TEXTS: dict[str, str] = {
 NON_CUE_TAGS: frozenset[str] = vocab.SUCCESS_TAGS | vocab.EXCLUDED_TAGS | {UNKNOWN_TAG}
 
 
-@dataclass(frozen=True)
-class EvolveSettings:
+class EvolveSettings(Section):
     """The interface-evolution knobs a recipe sets (in ``seal.interface``): all but the vocabulary.
 
     The vocabulary is chosen once for every SEAL component (``seal.diagnosis.vocabulary``);
     ``EvolveConfig`` adds it.
     """
 
-    schema_required: bool = knob(True, source="release", help="phi_schema: mark required parameters")
-    schema_enum: bool = knob(True, source="release", help="phi_schema: list the allowed values of enum parameters")
-    schema_types: bool = knob(False, source="release", help="phi_schema: spell out parameter types")
-    schema_hide_optional: bool = knob(False, source="release", help="phi_schema: hide optional parameters")
-    schema_wording: str = knob("ours", source="ours", choices=SCHEMA_WORDINGS,
-                               help="phi_schema markers and instruction: ours | release (the release's exact text)")
-    schema_revealed: bool = knob(True, source="ours",
-                                 help="phi_schema also annotates docs revealed at a miss_func turn (release: false)")
-    error_feedback: str = knob("on", source="paper", choices=ERROR_FEEDBACK_MODES,
-                               help="phi_err(o_i, H_t): on | off | adaptive (ours: on while error tags are "
-                                    "prevalent in C_t; needs closed_loop); release: off")
-    error_tags: tuple[str, ...] | None = knob(None, source="ours",
-                                              help="tags that switch adaptive phi_err on; null = per vocabulary")
-    error_threshold: float = knob(0.10, source="ours", ge=0, le=1,
-                                  help="combined prevalence of error_tags that switches phi_err on")
-    error_min_count: int = knob(8, source="ours", ge=0, help="combined occurrences of error_tags needed for phi_err")
-    cues: bool = knob(True, source="paper", help="phi_cap: capability cues from C_t (release: off)")
-    cue_prevalence: str = knob("all", source="ours", choices=CUE_PREVALENCE_BASES,
-                               help="phi_cap prevalence over all non-excluded turn tags (the shared C_t) | "
-                                    "failures (release cue rule)")
-    cue_tie_break: str = knob("name", source="ours", choices=CUE_TIE_BREAKS,
-                              help="phi_cap order of equal-pressure tags at the max_cues cut: name | first_seen "
-                                   "(the release)")
-    prevalence_threshold: float = knob(0.10, source="release", ge=0, le=1,
-                                       help="phi_cap: a tag needs at least this prevalence")
-    reward_threshold: float = knob(0.6, source="release", ge=0, le=1,
-                                   help="phi_cap: a tag needs reward_mean below this")
-    min_tag_count: int = knob(8, source="release", ge=0, help="phi_cap: a tag needs at least this many occurrences")
-    max_cues: int = knob(3, source="release", ge=0, le=MAX_CUES,
-                         help="phi_cap: most cue lines in one interface")
-    cue_texts: dict[str, str | None] = knob({}, source="release",
-                                            help="per-tag cue text overrides (release guidelines); null removes a cue")
-    hysteresis: float = knob(0.25, source="ours", ge=0, le=1,
-                              help="relative margin for leaving, and incumbents' ranking bonus")
-    release_zero_fallback: bool = knob(
+    schema_required: bool = setting(True, source="release", help="phi_schema: mark required parameters")
+    schema_enum: bool = setting(True, source="release", help="phi_schema: list the allowed values of enum parameters")
+    schema_types: bool = setting(False, source="release", help="phi_schema: spell out parameter types")
+    schema_hide_optional: bool = setting(False, source="release", help="phi_schema: hide optional parameters")
+    schema_wording: Literal[SCHEMA_WORDINGS] = setting(
+        "ours", source="ours",
+        help="phi_schema markers and instruction: ours | release (the release's exact text)")
+    schema_revealed: bool = setting(True, source="ours",
+                                    help="phi_schema also annotates docs revealed at a miss_func turn (release: false)")
+    error_feedback: Literal[ERROR_FEEDBACK_MODES] = setting(
+        "on", source="paper",
+        help="phi_err(o_i, H_t): on | off | adaptive (ours: on while error tags are "
+             "prevalent in C_t; needs closed_loop); release: off")
+    error_tags: tuple[str, ...] | None = setting(None, source="ours",
+                                                 help="tags that switch adaptive phi_err on; null = per vocabulary")
+    error_threshold: float = setting(0.10, source="ours", ge=0, le=1,
+                                     help="combined prevalence of error_tags that switches phi_err on")
+    error_min_count: int = setting(8, source="ours", ge=0, help="combined occurrences of error_tags needed for phi_err")
+    cues: bool = setting(True, source="paper", help="phi_cap: capability cues from C_t (release: off)")
+    cue_prevalence: Literal[CUE_PREVALENCE_BASES] = setting(
+        "all", source="ours",
+        help="phi_cap prevalence over all non-excluded turn tags (the shared C_t) | "
+             "failures (release cue rule)")
+    cue_tie_break: Literal[CUE_TIE_BREAKS] = setting(
+        "name", source="ours",
+        help="phi_cap order of equal-pressure tags at the max_cues cut: name | first_seen "
+             "(the release)")
+    prevalence_threshold: float = setting(0.10, source="release", ge=0, le=1,
+                                          help="phi_cap: a tag needs at least this prevalence")
+    reward_threshold: float = setting(0.6, source="release", ge=0, le=1,
+                                      help="phi_cap: a tag needs reward_mean below this")
+    min_tag_count: int = setting(8, source="release", ge=0, help="phi_cap: a tag needs at least this many occurrences")
+    max_cues: int = setting(3, source="release", ge=0, le=MAX_CUES,
+                            help="phi_cap: most cue lines in one interface")
+    cue_texts: dict[str, str | None] = setting(
+        {}, source="release",
+        help="per-tag cue text overrides (release guidelines); null removes a cue")
+    hysteresis: float = setting(0.25, source="ours", ge=0, le=1,
+                                 help="relative margin for leaving, and incumbents' ranking bonus")
+    release_zero_fallback: bool = setting(
         False, source="ours", help="true = the release's `value or default` parsing of the phi_cap thresholds")
 
-    RELEASE_OR_DEFAULT_FIELDS = ("prevalence_threshold", "reward_threshold", "min_tag_count", "max_cues")
+    RELEASE_OR_DEFAULT_FIELDS: ClassVar[tuple[str, ...]] = (
+        "prevalence_threshold", "reward_threshold", "min_tag_count", "max_cues")
 
-    def __post_init__(self) -> None:
-        if self.release_zero_fallback:
-            apply_release_zero_fallback(self, self.RELEASE_OR_DEFAULT_FIELDS)
-        if self.error_tags is not None:
-            object.__setattr__(self, "error_tags", tuple(self.error_tags))
-        overrides = dict(self.cue_texts or {})
+    @model_validator(mode="before")
+    @classmethod
+    def _release_parsing(cls, data: Any) -> Any:
+        return release_zero_fallback(cls, data, cls.RELEASE_OR_DEFAULT_FIELDS)
+
+    @model_validator(mode="after")
+    def _check_settings(self) -> EvolveSettings:
         bad = sorted(
-            k for k, v in overrides.items()
-            if k in NON_CUE_TAGS
-            or not (v is None or (isinstance(v, str) and "\n" not in v and len(v.strip()) <= MAX_CUE_TEXT_CHARS))
+            k for k, v in self.cue_texts.items()
+            if k in NON_CUE_TAGS or not (v is None or ("\n" not in v and len(v.strip()) <= MAX_CUE_TEXT_CHARS))
         )
         if bad:
             raise ValueError(
                 f"evolve.cue_texts: invalid entries {bad} (failure tags only; one line of at most "
                 f"{MAX_CUE_TEXT_CHARS} characters, or null)"
             )
-        object.__setattr__(self, "cue_texts", overrides)
+        return self
 
 
-@dataclass(frozen=True)
 class EvolveConfig(EvolveSettings):
     """Interface-evolution knobs bound to a diagnosis vocabulary (what ``evolve`` reads)."""
 
-    vocabulary: str = knob("progress", source="ours", help="which tags C_t holds: progress | paper")
+    vocabulary: str = setting("progress", source="ours", help="which tags C_t holds: progress | paper")
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _check_vocabulary(self) -> EvolveConfig:
         check_vocabulary(self.vocabulary)
-        super().__post_init__()
         if self.error_tags is not None:
             unknown = sorted(set(self.error_tags) - known_tags(self.vocabulary))
             if unknown:
                 raise ValueError(f"evolve.error_tags: {unknown} are not tags of the {self.vocabulary!r} vocabulary")
+        return self
 
     @classmethod
     def bind(cls, settings: EvolveSettings, vocabulary: str) -> EvolveConfig:
         """The evolution knobs of ``settings`` (an ``EvolveSettings`` or a subclass) with the run's vocabulary."""
-        names = {f.name for f in fields(EvolveSettings)}
-        return cls(**{k: v for k, v in field_values(settings).items() if k in names}, vocabulary=vocabulary)
+        names = EvolveSettings.model_fields
+        return cls.model_validate({**{k: v for k, v in dict(settings).items() if k in names}, "vocabulary": vocabulary})
 
     def texts(self) -> dict[str, str]:
         """Cue text per tag after overrides (a ``None`` override removes the tag's cue)."""

@@ -18,43 +18,46 @@ turns", not 0.5), and an unknown mode is an error instead of silently meaning ``
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Literal
+
+from pydantic import model_validator
 
 from env_service.vocab import EXCLUDED_TAGS
-from seal.core.config_parsing import apply_release_zero_fallback, knob
+from seal.core.section import Section, release_zero_fallback, setting
 
 REWARD_MODES = ("binary", "capped", "t3rl")
 DECAY_CLOCKS = ("step", "epoch")
 
 
-@dataclass(frozen=True)
-class RewardConfig:
+class RewardConfig(Section):
     """Reward-mode knobs. Source of each default in brackets."""
 
-    mode: str = knob("binary", source="paper", choices=REWARD_MODES,
-                     help="binary = the 0/1 verifier verdict; capped / t3rl = partial credit for failures")
-    cap: float = knob(0.7, source="release", ge=0, help="capped: partial_credit_cap, the most a failed trajectory gets")
-    cap_decay: bool = knob(False, source="release", help="capped: cap x (1 - training progress), floored at min_cap")
-    decay_clock: str = knob("step", source="ours", choices=DECAY_CLOCKS,
-                            help="training progress of cap_decay: step = (step-1)/total steps | "
-                                 "epoch = epoch index/total epochs (release)")
-    count_harness_errors: bool = knob(
+    mode: Literal[REWARD_MODES] = setting(
+        "binary", source="paper",
+        help="binary = the 0/1 verifier verdict; capped / t3rl = partial credit for failures")
+    cap: float = setting(0.7, source="release", ge=0,
+                         help="capped: partial_credit_cap, the most a failed trajectory gets")
+    cap_decay: bool = setting(False, source="release", help="capped: cap x (1 - training progress), floored at min_cap")
+    decay_clock: Literal[DECAY_CLOCKS] = setting("step", source="ours",
+                                                 help="training progress of cap_decay: step = (step-1)/total steps | "
+                                                      "epoch = epoch index/total epochs (release)")
+    count_harness_errors: bool = setting(
         False, source="ours",
         help="capped/t3rl: checker_error/gt_error turns count as failed scorable turns (release: true)")
-    min_cap: float = knob(0.1, source="release", ge=0, help="capped: floor of the decaying cap")
-    weight: float = knob(1.0, source="release", ge=0,
-                         help="capped: partial_credit_weight, applied to progress before the cap")
-    irrelevance_weight: float = knob(0.5, source="release", ge=0, help="t3rl: weight of irrelevance turns")
-    scorable_floor: bool = knob(False, source="ours", help="t3rl: reward 0 when no scorable turn passed")
-    release_zero_fallback: bool = knob(
+    min_cap: float = setting(0.1, source="release", ge=0, help="capped: floor of the decaying cap")
+    weight: float = setting(1.0, source="release", ge=0,
+                            help="capped: partial_credit_weight, applied to progress before the cap")
+    irrelevance_weight: float = setting(0.5, source="release", ge=0, help="t3rl: weight of irrelevance turns")
+    scorable_floor: bool = setting(False, source="ours", help="t3rl: reward 0 when no scorable turn passed")
+    release_zero_fallback: bool = setting(
         False, source="ours", help="true = the release's `value or default` parsing: irrelevance_weight 0 means 0.5")
 
-    RELEASE_OR_DEFAULT_FIELDS = ("irrelevance_weight",)
+    RELEASE_OR_DEFAULT_FIELDS: ClassVar[tuple[str, ...]] = ("irrelevance_weight",)
 
-    def __post_init__(self) -> None:
-        if self.release_zero_fallback:
-            apply_release_zero_fallback(self, self.RELEASE_OR_DEFAULT_FIELDS)
+    @model_validator(mode="before")
+    @classmethod
+    def _release_parsing(cls, data: Any) -> Any:
+        return release_zero_fallback(cls, data, cls.RELEASE_OR_DEFAULT_FIELDS)
 
 
 def _clip01(x: float) -> float:

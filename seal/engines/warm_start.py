@@ -50,7 +50,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 
 from seal import recipe as C
 from seal.core.config import InterfaceConfig
@@ -107,10 +106,10 @@ def cache_key(base_path: Path, tasks: Sequence[Task], model: C.ModelConfig, inte
     """What the warm start depends on: the base model, the tasks, the knobs, the episode's limits and Ω_0's
     settings (`seal.interface`). The same key as the whole recipe's sections gave, so cached models stay valid."""
     base_cfg = (base_path / "config.json").read_text() if (base_path / "config.json").is_file() else str(base_path)
-    model_dict = C.to_container(OmegaConf.structured(model))
+    model_dict = C.to_container(model)
     parts = {"base": base_cfg, "tiny": model_dict["tiny"] if model.build_tiny else None,
              "tasks": [t.task_id for t in tasks], "warm_start": model_dict["warm_start"],
-             "limits": repr(limits), "interface": C.to_container(OmegaConf.structured(interface)), "seed": seed}
+             "limits": repr(limits), "interface": C.to_container(interface), "seed": seed}
     parts["warm_start"].pop("path", None)
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

@@ -13,15 +13,13 @@ from seal.recipe.compose import (
     from_container,
     load_config,
     load_saved_config,
-    model_dir,
-    model_path_value,
     parse_overrides,
+    replaced,
     save_config,
     schema,
     to_container,
     to_yaml,
     validate,
-    with_input_paths,
 )
 from seal.recipe.derived import (
     VALIDATE_AT_END_ONLY,
@@ -34,6 +32,7 @@ from seal.recipe.derived import (
     total_training_steps,
     validates_at,
 )
+from seal.recipe.paths import model_dir, model_path_value, with_input_paths
 from seal.recipe.schema import (
     ActorConfig,
     AlgorithmConfig,
@@ -56,7 +55,7 @@ __all__ = [
     "DataConfig", "EnvConfig", "ModelConfig", "Recipe", "RolloutConfig", "StepLimitConfig", "TinyModelConfig",
     "TrainerConfig", "env_service_args", "from_container", "load_config", "load_saved_config", "model_dir",
     "model_path_value",
-    "parse_overrides",
+    "parse_overrides", "replaced",
     "rollout_limits", "run_dir", "sampling_params", "save_config", "schema", "steps_per_epoch", "to_container",
     "to_yaml", "total_training_steps", "validate", "with_input_paths",
 ]

@@ -76,16 +76,9 @@ class RolloutLimits:
     max_tokens_per_call: int = 4096
     max_model_calls: int = 64
     max_observation_tokens: int | None = 4096
-
-    def __post_init__(self) -> None:
-        for name in ("max_prompt_length", "max_response_length", "max_model_len", "max_tokens_per_call",
-                     "max_model_calls"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"RolloutLimits.{name} must be positive, got {getattr(self, name)}")
-        if self.max_tokens_per_call >= self.max_model_len:
-            raise ValueError("max_tokens_per_call must be smaller than max_model_len")
-        if self.max_observation_tokens is not None and self.max_observation_tokens <= 200:
-            raise ValueError("max_observation_tokens must be > 200 (the cut keeps a 100-token margin)")
+    # A plain record: its rules (each limit positive, a call shorter than the context, an observation cut above
+    # 200 tokens) are the recipe's (seal.recipe.schema.RolloutConfig / DataConfig), stated once there; the
+    # engines build it from a validated recipe (seal.recipe.derived.rollout_limits).
 
 
 RewardFn = Callable[[dict], float]

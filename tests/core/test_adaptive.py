@@ -175,7 +175,8 @@ def _step(controller: SealController, step: int, rng: random.Random) -> tuple[di
 
 
 def test_exact_resume_of_adaptive_rho_curriculum_and_task_weights(tmp_path):
-    cfg = SealConfig(diagnosis=DiagnosisConfig("paper"), adaptive=AdaptiveConfig(rho="adaptive", task_weights="slime"))
+    cfg = SealConfig(diagnosis=DiagnosisConfig(vocabulary="paper"),
+                     adaptive=AdaptiveConfig(rho="adaptive", task_weights="slime"))
     whole = SealController(cfg, run_id="r")
     rng = random.Random(0)
     for step in range(1, 6):

@@ -229,8 +229,9 @@ def test_explicit_zeros_stay_zeros():
     (["seal.capability.ema_beta=1.5"], r"seal.capability.ema_beta: must lie in \[0, 1\]"),
     (["seal.capability.min_weight=0.0"], "seal.capability.min_weight: must be > 0"),
     (["seal.capability.prevalence_alpha=-1"], "seal.capability.prevalence_alpha: must be >= 0"),
-    (["seal.capability.confidence_samples=.inf"], "seal.capability.confidence_samples: must be >= 0, got inf"),
-    (["seal.capability.min_weight=1.5", "seal.capability.max_weight=1.2"], "min_weight must be <= max_weight"),
+    (["seal.capability.confidence_samples=.inf"], "seal.capability.confidence_samples: must be a finite number"),
+    (["seal.capability.min_weight=1.5", "seal.capability.max_weight=1.2"],
+     "seal.capability.min_weight must be <= seal.capability.max_weight"),
 ])
 def test_dynamic_config_validation(overrides, message):
     # The knobs' declared ranges are checked where a run's config is built: the recipe.

@@ -297,7 +297,7 @@ def test_the_learning_recipe_and_its_knobs():
     # The tiny model's heads must divide: checked with the recipe.
     with pytest.raises(C.ConfigError, match="multiple of heads"):
         C.load_config(REPO / "exp" / "tiny_verl_learn.yaml", ["model.tiny.heads=3"])
-    with pytest.raises(C.ConfigError, match="multiple of kv_heads"):
+    with pytest.raises(C.ConfigError, match="multiple of model.tiny.kv_heads"):
         C.load_config(REPO / "exp" / "tiny_verl_learn.yaml", ["model.tiny.kv_heads=2", "model.tiny.heads=1"])
     # A warm start runs on the CPU before verl starts: not for a GPU run.
     with pytest.raises(C.ConfigError, match="warm_start.enable"):

@@ -24,7 +24,6 @@ import os
 import re
 import warnings
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -167,12 +166,12 @@ def build_verl_config(cfg: C.Recipe, run_dir: str | os.PathLike[str],
     run = RunDir(Path(run_dir).resolve())
     data = cfg.data
     if wants_subset(data.max_train_tasks, data.train_task_ids):
-        data = replace(data, train_files=write_subset(str(input_path(data.train_files)), data.max_train_tasks,
-                                                      run.subset_file("train"), data.train_task_ids))
+        data = C.replaced(data, train_files=write_subset(str(input_path(data.train_files)), data.max_train_tasks,
+                                                        run.subset_file("train"), data.train_task_ids))
     if wants_subset(data.max_val_tasks, data.val_task_ids):
-        data = replace(data, val_files=write_subset(str(input_path(data.val_files)), data.max_val_tasks,
-                                                    run.subset_file("val"), data.val_task_ids))
-    cfg = replace(cfg, data=data, model=replace(cfg.model, path=model_path(cfg)))
+        data = C.replaced(data, val_files=write_subset(str(input_path(data.val_files)), data.max_val_tasks,
+                                                      run.subset_file("val"), data.val_task_ids))
+    cfg = C.replaced(cfg, data=data, model=C.replaced(cfg.model, path=model_path(cfg)))
     verl_cfg = to_verl_config(cfg, run.root, overrides)
     with open_dict(verl_cfg):
         ray_init = verl_cfg.ray_kwargs.ray_init
@@ -240,8 +239,9 @@ def run_preflight(cfg: C.Recipe, verl_cfg: DictConfig, run_dir: str | os.PathLik
     `PreflightFailed` with the table; fewer TransferQueue storage units, when that is what fits, go into `verl_cfg`."""
     from seal.engines.preflight import enforce, verl_report
 
-    loaded = replace(cfg, model=replace(cfg.model, path=str(verl_cfg.actor_rollout_ref.model.path), build_tiny=False,
-                                        warm_start=replace(cfg.model.warm_start, enable=False)))
+    loaded = C.replaced(cfg, model=C.replaced(cfg.model, path=str(verl_cfg.actor_rollout_ref.model.path),
+                                              build_tiny=False,
+                                              warm_start=C.replaced(cfg.model.warm_start, enable=False)))
     enforce(verl_report(loaded, verl_cfg, Path(run_dir).absolute()), verl_cfg)
 
 
