@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from seal.engines.local import warm_start as W
+from seal.engines import warm_start as W
 from seal.recipe import load_config, rollout_limits, to_container
 
 REPO = Path(__file__).resolve().parents[2]
