@@ -55,6 +55,7 @@ from seal import recipe as C
 from seal.core.config import InterfaceConfig
 from seal.core.controller import initial_training_interface
 from seal.engines.data import Task
+from seal.models import build_atomically
 from seal.rollout.client import EnvClient
 from seal.rollout.episode import EpisodeRequest, run_batch
 from seal.rollout.types import Generation, Rollout, RolloutLimits, SamplingParams
@@ -72,11 +73,12 @@ def build_warm_start(cfg: C.Recipe, base_path: Path, tasks: Sequence[Task]) -> P
     out = Path(ws.path)
     limits = C.rollout_limits(cfg)
     key = cache_key(base_path, tasks, cfg.model, cfg.seal.interface, limits, cfg.seed)
-    info_file = out / INFO_FILE
-    if (info_file.is_file() and (out / EPISODES_FILE).is_file()
-            and json.loads(info_file.read_text()).get("key") == key):
+    if _built_for(out, key):
         log.info("warm start: using %s", out)
         return out
+    if out.is_dir() and any(out.iterdir()) and not (out / INFO_FILE).is_file():  # replaced below: ours only
+        raise ValueError(f"model.warm_start.path {out}: the directory holds files that are not a warm start; "
+                         "give the warm start a directory of its own")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     t0 = time.perf_counter()
@@ -89,16 +91,28 @@ def build_warm_start(cfg: C.Recipe, base_path: Path, tasks: Sequence[Task]) -> P
              sum(r.accuracy == 1.0 for r in rollouts), sum(sum(r.response_mask) for r in rollouts))
     summary = supervised_phase(model, rollouts, steps=ws.max_steps, lr=ws.lr, target_prob=ws.target_prob,
                                seed=cfg.seed, schedule=ws.lr_schedule)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out))
-    tokenizer.save_pretrained(str(out))
     summary |= {"key": key, "base": str(base_path), "tasks": list(dict.fromkeys(r.task_id for r in rollouts)),
                 "seconds": round(time.perf_counter() - t0, 1)}
-    (out / EPISODES_FILE).write_text(json.dumps([probe_episode(r) for r in rollouts]) + "\n")
-    info_file.write_text(json.dumps(summary, indent=1) + "\n")
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+        (tmp / EPISODES_FILE).write_text(json.dumps([probe_episode(r) for r in rollouts]) + "\n")
+        (tmp / INFO_FILE).write_text(json.dumps(summary, indent=1) + "\n")
+
+    # Atomic (seal.models.build_atomically): a run or a test on another pytest worker may be reading the same
+    # cached warm start, or building it at the same time.
+    build_atomically(out, write, lambda d: _built_for(d, key))
     log.info("warm start: %d steps, mean learnt mass %.3f, p(ground truth) %s, %.0f s -> %s", summary["steps"],
              summary["mean_mass"], {t: round(p, 3) for t, p in summary["prob"].items()}, summary["seconds"], out)
     return out
+
+
+def _built_for(path: Path, key: str) -> bool:
+    """`path` holds a complete warm start for `key` (its info file is written last)."""
+    info_file = path / INFO_FILE
+    return (info_file.is_file() and (path / EPISODES_FILE).is_file()
+            and json.loads(info_file.read_text()).get("key") == key)
 
 
 def cache_key(base_path: Path, tasks: Sequence[Task], model: C.ModelConfig, interface: InterfaceConfig,

@@ -50,6 +50,14 @@ class EpisodeBudget:
     max_model_calls: int = 64
     official: bool = False  # BFCL's rules: no length limits of our own beyond the model's context
 
+    def __post_init__(self) -> None:
+        # The limits' rules are the recipe's, stated once (seal.recipe.schema.RolloutConfig): a budget that breaks
+        # one (--max-tokens-per-call not below the context window, say) is a ConfigError naming the rule.
+        from seal import recipe as C
+
+        C.replaced(C.RolloutConfig(), max_tokens_per_call=self.max_tokens_per_call, max_model_len=self.max_model_len,
+                   max_model_calls=self.max_model_calls)
+
     def rollout_limits(self) -> RolloutLimits:
         # Evaluation keeps every token of the response (no training-length cut; the verdict is unaffected).
         if self.official:  # no prompt cap, no observation cut: only the context window bounds an episode

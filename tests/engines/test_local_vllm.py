@@ -32,11 +32,14 @@ def _shm() -> set[str]:
 
 
 def learn_model_cache(tmp_path_factory) -> Path:
-    """One model cache per test session (per pytest-xdist worker) for the warm-started vLLM-capable tiny model:
-    the local engine's learning test and the verl one (tests/engines/test_verl_learn.py) build the same warm
-    start (same inputs, same cache key), so on one worker whichever runs second loads it; in CI they run on
-    different workers and each builds it."""
-    path = tmp_path_factory.getbasetemp() / "learn_models"
+    """One model cache for the warm-started vLLM-capable tiny model, shared by the pytest-xdist workers of a
+    session (their base temporary directories' parent): the local engine's learning test and the verl one
+    (tests/engines/test_verl_learn.py) build the same warm start (same inputs, same cache key), so whichever runs
+    second loads it. In CI they run on different workers, the local one early and the verl one on the engines
+    worker's longest path, which then skips the build. Builds are atomic (`seal.models.build_atomically`): two at
+    once both end with one complete copy."""
+    base = tmp_path_factory.getbasetemp()
+    path = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "learn_models"
     path.mkdir(exist_ok=True)
     return path
 

@@ -102,3 +102,14 @@ def test_the_default_recipe_has_a_learning_signal(tmp_path, service_url, monkeyp
     # The update learnt: each task's ground truth is more likely afterwards (measured: +0.15 to +0.20).
     after = W.episode_probs(AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "checkpoints" / "step_1"), gts)
     assert all(a > b + 0.05 for a, b in zip(after, before, strict=True)), (before, after)
+
+
+def test_a_directory_that_is_not_a_warm_start_is_never_replaced(tmp_path):
+    """The build replaces model.warm_start.path whole (atomically); a directory holding anything but a warm start
+    is the user's, and the build stops before it starts, touching nothing."""
+    cfg = _cfg(tmp_path, "http://127.0.0.1:9")  # never reached: the refusal comes first
+    (tmp_path / "warm").mkdir()
+    (tmp_path / "warm" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="not a warm start"):
+        W.build_warm_start(cfg, tmp_path / "base", [])
+    assert (tmp_path / "warm" / "notes.txt").read_text() == "mine"

@@ -182,3 +182,14 @@ def test_call_deadline_option_bounds_one_call():
         assert any("call deadline 0.2 s" in n for n in policy.notes)
 
     asyncio.run(go())
+
+
+def test_an_evaluation_budget_keeps_the_recipes_rules():
+    """seal-eval's per-episode budget is checked by the recipe's own rule (stated once, in the schema): a model
+    call must leave its prompt room in the context window."""
+    from seal.eval.held_in import EpisodeBudget
+    from seal.recipe import ConfigError
+
+    assert EpisodeBudget(4096, 16384).rollout_limits().max_model_len == 16384
+    with pytest.raises(ConfigError, match="max_tokens_per_call must be < max_model_len"):
+        EpisodeBudget(4096, 4096)
