@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
         eval_rules=args.eval_rules,
         allow_train_on_eval=args.allow_train_on_eval,
     )
-    app = create_app(config)
+    app = create_app(config, own_process=True)
     print(f"env_service: serving {args.host}:{args.port}", file=sys.stderr, flush=True)
     uvicorn.run(
         app,

@@ -374,22 +374,28 @@ def _lifespan(service: Service):
     return lifespan
 
 
-def _start_service(config: ServiceConfig) -> Service:
+def _start_service(config: ServiceConfig, own_process: bool) -> Service:
     tasks = load_tasks()
     split = load_split(config.split_file)
     store = EpisodeStore(config.ttl_s, config.max_episodes)
-    # The task tables and imported modules are hundreds of thousands of long-lived objects; freezing them
-    # keeps full garbage collections (which would stall every open request) short, and keeps the pages the
-    # forked workers share with the service from being copied.
-    gc.collect()
-    gc.freeze()
+    if own_process:
+        # The task tables and imported modules are hundreds of thousands of long-lived objects; freezing them
+        # keeps full garbage collections (which would stall every open request) short, and keeps the pages the
+        # forked workers share with the service from being copied. Only in the service's own process: frozen
+        # objects are never collected, not even at interpreter exit, and in a process that merely hosts the app
+        # (the tests) that held every object of the host's libraries too: triton's bindings (brought in by
+        # torch) then reported their objects as leaked at exit, 30 lines after pytest's summary.
+        gc.collect()
+        gc.freeze()
     pool = WorkerPool(config.workers, tasks, config.episode) if config.workers else InProcessPool(tasks, config.episode)
     return Service(config, tasks, split, store, pool, eval_ids=frozenset(split["eval"]))
 
 
-def create_app(config: ServiceConfig | None = None) -> Gate:
+def create_app(config: ServiceConfig | None = None, own_process: bool = False) -> Gate:
+    """The service's ASGI app. `own_process`: the process is the service's own (`python -m env_service`), whose
+    long-lived objects may be frozen out of the garbage collector (`_start_service`)."""
     config = config or ServiceConfig()
-    service = _start_service(config)
+    service = _start_service(config, own_process)
     # Only the routes of the protocol table (ROUTES): no generated schema or docs pages.
     app = FastAPI(title="SEAL BFCL environment service", lifespan=_lifespan(service), docs_url=None, redoc_url=None,
                   openapi_url=None)

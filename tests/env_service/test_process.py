@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -93,3 +94,31 @@ def test_a_child_that_ignores_sigterm_is_killed_with_its_group(tmp_path):
     grandchild = int(next(line for line in text.splitlines() if line.startswith("grandchild ")).split()[1])
     assert child.proc.returncode == -9  # SIGTERM ignored: killed after the grace period
     assert _gone(grandchild)
+
+
+def test_only_the_services_own_process_freezes_the_garbage_collector():
+    """`gc.freeze` keeps the service's full collections short, in its own process. In a process that only hosts
+    the app it would hold every object of the host's libraries past exit: with torch's triton imported, triton's
+    bindings then print "nanobind: leaked ..." at exit (the fast tier's last screen, before the fix)."""
+    import gc
+    import subprocess
+    import sys
+
+    from env_service.app import create_app
+    from env_service.config import ServiceConfig
+
+    frozen = gc.get_freeze_count()
+    create_app(ServiceConfig(workers=0))
+    assert gc.get_freeze_count() == frozen  # the host process's heap is left as it was
+    # A host that imported torch's compiler stack (triton where installed), then the app: a quiet exit.
+    code = ("import torch._dynamo\nfrom env_service.app import create_app\n"
+            "from env_service.config import ServiceConfig\ncreate_app(ServiceConfig(workers=0))\n")
+    repo = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=repo)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "leaked" not in out.stderr, out.stderr[-2000:]
+    # The service's own process does freeze.
+    own = ("import gc\nfrom env_service.app import create_app\nfrom env_service.config import ServiceConfig\n"
+           "create_app(ServiceConfig(workers=0), own_process=True)\nprint(gc.get_freeze_count())\n")
+    out = subprocess.run([sys.executable, "-c", own], capture_output=True, text=True, timeout=300, cwd=repo)
+    assert out.returncode == 0 and int(out.stdout.split()[-1]) > 0, (out.stdout, out.stderr[-2000:])
