@@ -42,7 +42,7 @@ from pydantic import model_validator
 from env_service.vocab import EXCLUDED_TAGS, PASS
 from seal.core.profile import BucketStat, FailureProfile, failure_profile
 from seal.core.record import EpisodeRecord, check_records
-from seal.core.section import Section, release_zero_fallback, setting
+from seal.core.section import Section, setting
 from seal.core.weights import UNKNOWN_TAG, check_vocabulary
 from seal.core.weights import base_weights as base_weight_table
 from seal.io_utils import write_json_atomic
@@ -78,11 +78,6 @@ class DynamicWeightConfig(Section):
              "weights; true = the release, the base table for that step only (the moving average is kept)")
 
     RELEASE_OR_DEFAULT_FIELDS: ClassVar[tuple[str, ...]] = ("ema_beta", "prevalence_alpha", "confidence_samples")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _release_parsing(cls, data: Any) -> Any:
-        return release_zero_fallback(cls, data, cls.RELEASE_OR_DEFAULT_FIELDS)
 
     @model_validator(mode="after")
     def _check(self) -> DynamicWeightConfig:

@@ -42,7 +42,7 @@ from pydantic import model_validator
 from env_service import vocab
 from env_service.protocol import MAX_CUE_TEXT_CHARS, MAX_CUES, parse_omega
 from seal.core.profile import FailureProfile, TagProfile
-from seal.core.section import Section, release_zero_fallback, setting
+from seal.core.section import Section, setting
 from seal.core.weights import UNKNOWN_TAG, check_vocabulary, known_tags
 
 ERROR_FEEDBACK_MODES = ("off", "on", "adaptive")
@@ -163,11 +163,6 @@ class EvolveSettings(Section):
 
     RELEASE_OR_DEFAULT_FIELDS: ClassVar[tuple[str, ...]] = (
         "prevalence_threshold", "reward_threshold", "min_tag_count", "max_cues")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _release_parsing(cls, data: Any) -> Any:
-        return release_zero_fallback(cls, data, cls.RELEASE_OR_DEFAULT_FIELDS)
 
     @model_validator(mode="after")
     def _check_settings(self) -> EvolveSettings:

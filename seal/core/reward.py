@@ -20,10 +20,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
-from pydantic import model_validator
-
 from env_service.vocab import EXCLUDED_TAGS
-from seal.core.section import Section, release_zero_fallback, setting
+from seal.core.section import Section, setting
 
 REWARD_MODES = ("binary", "capped", "t3rl")
 DECAY_CLOCKS = ("step", "epoch")
@@ -53,11 +51,6 @@ class RewardConfig(Section):
         False, source="ours", help="true = the release's `value or default` parsing: irrelevance_weight 0 means 0.5")
 
     RELEASE_OR_DEFAULT_FIELDS: ClassVar[tuple[str, ...]] = ("irrelevance_weight",)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _release_parsing(cls, data: Any) -> Any:
-        return release_zero_fallback(cls, data, cls.RELEASE_OR_DEFAULT_FIELDS)
 
 
 def _clip01(x: float) -> float:

@@ -20,7 +20,7 @@ Pure: the SEAL core must not depend on the recipe loader.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticUndefined
@@ -46,6 +46,8 @@ class Section(BaseModel):
     # not validate) is checked again, so a recipe built from parts never holds an invalid part.
     model_config = ConfigDict(strict=True, frozen=True, extra="forbid", allow_inf_nan=False,
                               revalidate_instances="always")
+    # The keys the release parsed with `value or default` (`release_zero_fallback`); a section with any lists them.
+    RELEASE_OR_DEFAULT_FIELDS: ClassVar[tuple[str, ...]] = ()
 
     @model_validator(mode="before")
     @classmethod
@@ -53,11 +55,16 @@ class Section(BaseModel):
         # YAML has lists only; the frozen sections hold tuples. Strict typing stays strict for everything else.
         return {k: _tuples(v) for k, v in data.items()} if isinstance(data, dict) else data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _release_parsing(cls, data: Any) -> Any:
+        return release_zero_fallback(cls, data, cls.RELEASE_OR_DEFAULT_FIELDS)
+
 
 def release_zero_fallback(cls: type[Section], data: Any, names: tuple[str, ...]) -> Any:
     """`data` with the listed keys that are falsy (0, 0.0) replaced by the class default, when it sets
-    `release_zero_fallback: true` (the release's ``value or default`` parsing); called by a before-validator."""
-    if not isinstance(data, dict) or not data.get("release_zero_fallback"):
+    `release_zero_fallback: true` (the release's ``value or default`` parsing); `Section`'s before-validator."""
+    if not names or not isinstance(data, dict) or not data.get("release_zero_fallback"):
         return data
     fields = cls.model_fields
     return {**data, **{n: fields[n].default for n in names if n in data and not data[n]}}
