@@ -50,13 +50,14 @@ def _group_spread(advantages_file: Path) -> dict[int, bool]:
     """Per step: does some GRPO group (the rollouts of one prompt, `uid`) hold different rewards? Only such a
     group has nonzero advantages, so only then is there a learning signal. (A spread across the batch is not
     one: a step whose one task scored 0 four times and the other 1 four times has none; measured.)"""
+    from seal.engines.advantage_record import read_records
+
     out = {}
-    for line in advantages_file.read_text().splitlines():
-        record = json.loads(line)
+    for step, record in read_records(advantages_file).items():
         groups: dict[str, set[float]] = {}
         for row in record["rows"]:
             groups.setdefault(row["uid"], set()).add(row["reward"])
-        out[int(record["step"])] = any(len(rewards) > 1 for rewards in groups.values())
+        out[step] = any(len(rewards) > 1 for rewards in groups.values())
     return out
 
 
