@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from seal.models import build_atomically
 from seal.models.qwen25 import (
     EOS_TOKEN_ID,
     PAD_TOKEN_ID,
@@ -116,8 +117,6 @@ def prepare_tiny_model(path: str | os.PathLike, hidden: int = 64, layers: int = 
         raise ValueError(f"model.path {given}: no model there (no config.json), and model.build_tiny builds only "
                          f"inside the model cache {cache} (e.g. model.path={cache / 'tiny_qwen2'}; "
                          "SEAL_MODEL_CACHE moves the cache)")
-    from seal.models import build_atomically
-
     # Atomic: a test on another pytest worker, or a second run, may read the same cached model while this builds.
     build_atomically(target, lambda tmp: build_tiny_qwen2(tmp, hidden=hidden, layers=layers, seed=seed, heads=heads,
                                                           kv_heads=kv_heads),
