@@ -54,11 +54,13 @@ def pytest_make_collect_report(collector):
 
 # CI runs each tier on two pytest-xdist workers (`.ci/run`: `-n 2 --dist loadgroup`). A test marked
 # `xdist_group(ENGINES)` starts a whole verl run (a Ray cluster with vLLM servers and ~9-13 processes, sized for
-# the whole machine): those run one after another on one worker, for memory (two at once would not fit beside
-# the other worker's tests in 24 GB). The other worker takes the rest, the single vLLM engines of the local engine
-# and of the evaluation among them: their /dev/shm checks (tests/helpers.py, `shm_leftovers`) count only what
-# no live process maps and what outlasts the settle time, so a verl run beside them is not mistaken for theirs.
-# The group goes first, so the longest unit of work starts at once.
+# the whole machine) or a vLLM engine and checks /dev/shm for what it leaves: those run one after another on one
+# worker. Memory is one reason (two verl runs at once do not fit beside the other worker's tests in 24 GB). The
+# other: a vLLM test beside a verl run counts the run's segments as its own leftovers, and the run counts the
+# test's. Measured when the vLLM evaluation tests ran on the other worker: segments that no process mapped
+# outlasted a 180 s settle on both sides, failing the learning test and two evaluation tests (while the same layout
+# had passed once). The other worker takes the rest. Their group goes first, so the longest unit of work starts at
+# once.
 ENGINES = "engines"
 
 

@@ -33,14 +33,7 @@ def play_turns(task: Any, turns: list[list[str]], config: Any, mode: str = "eval
     return episode
 
 
-# How long a segment nobody maps may stay before it counts as left behind. A clean test pays nothing for it (the
-# wait ends when no such segment is left); it covers a verl run on the other xdist worker whose vLLM server was
-# killed (tests/engines/test_verl_cpu_run.py): its segments are mapped by nobody from the kill until its
-# launcher's cleanup removes them (12 s from the kill to the launcher's exit, measured on a quiet machine).
-SHM_SETTLE_S = 180.0
-
-
-def shm_leftovers(before: set[str], settle_s: float = SHM_SETTLE_S) -> set[str]:
+def shm_leftovers(before: set[str], settle_s: float = 30.0) -> set[str]:
     """The /dev/shm segments a test left: new since `before`, mapped or held open by no process but this one
     (its engines' processes are gone by now, and this process must have let go too), and still there after up
     to `settle_s` seconds. Only segments seen at the first look count: the other xdist worker (or another job on
