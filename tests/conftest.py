@@ -53,14 +53,11 @@ def pytest_make_collect_report(collector):
 
 
 # CI runs each tier on two pytest-xdist workers (`.ci/run`: `-n 2 --dist loadgroup`). A test marked
-# `xdist_group(ENGINES)` starts a whole verl run (a Ray cluster with vLLM servers and ~9-13 processes, sized for
-# the whole machine) or a vLLM engine and checks /dev/shm for what it leaves: those run one after another on one
-# worker. Memory is one reason (two verl runs at once do not fit beside the other worker's tests in 24 GB). The
-# other: a vLLM test beside a verl run counts the run's segments as its own leftovers, and the run counts the
-# test's. Measured when the vLLM evaluation tests ran on the other worker: segments that no process mapped
-# outlasted a 180 s settle on both sides, failing the learning test and two evaluation tests (while the same layout
-# had passed once). The other worker takes the rest. Their group goes first, so the longest unit of work starts at
-# once.
+# `xdist_group(ENGINES)` starts a whole verl run (a Ray cluster with a vLLM server and ~9 processes, sized for the
+# whole machine) or a vLLM engine and checks /dev/shm for what it leaves: those run one after another on one worker.
+# Memory and CPU are one reason; the other is that the killed-server test leaves orphaned vLLM segments until its
+# launcher's cleanup, which a vLLM test beside it would count as its own leftovers. The other worker takes the rest.
+# Their group goes first, so the longest unit of work starts at once.
 ENGINES = "engines"
 
 
