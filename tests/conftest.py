@@ -53,11 +53,12 @@ def pytest_make_collect_report(collector):
 
 
 # CI runs each tier on two pytest-xdist workers (`.ci/run`: `-n 2 --dist loadgroup`). A test marked
-# `xdist_group(ENGINES)` starts a whole verl run (a Ray cluster with a vLLM server and ~9 processes, sized for the
-# whole machine) or a vLLM engine and checks /dev/shm for what it leaves: those run one after another on one worker.
-# Memory and CPU are one reason; the other is that the killed-server test leaves orphaned vLLM segments until its
-# launcher's cleanup, which a vLLM test beside it would count as its own leftovers. The other worker takes the rest.
-# Their group goes first, so the longest unit of work starts at once.
+# `xdist_group(ENGINES)` starts a whole verl run (a Ray cluster with vLLM servers and ~9-13 processes, sized for
+# the whole machine): those run one after another on one worker, for memory (two at once would not fit beside
+# the other worker's tests in 24 GB). The other worker takes the rest, the single vLLM engines of the local engine
+# and of the evaluation among them: every /dev/shm check counts only segments the test's own processes were seen
+# holding (tests/run_watch.py, `SegmentWatch`), so a verl run beside them is not mistaken for theirs, nor they for it.
+# The group goes first, so the longest unit of work starts at once.
 ENGINES = "engines"
 
 

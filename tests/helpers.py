@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 
@@ -31,27 +30,6 @@ def play_turns(task: Any, turns: list[list[str]], config: Any, mode: str = "eval
         if not episode.done:
             episode.step("Done.")
     return episode
-
-
-def shm_leftovers(before: set[str], settle_s: float = 30.0) -> set[str]:
-    """The /dev/shm segments a test left: new since `before`, mapped or held open by no process but this one
-    (its engines' processes are gone by now, and this process must have let go too), and still there after up
-    to `settle_s` seconds. Only segments seen at the first look count: the other xdist worker (or another job on
-    the machine) creates and removes segments of its own all the time, and one of those appearing later, or
-    vanishing, says nothing about this test. Returns the empty set, or what persisted."""
-    import time
-
-    from seal.engines.verl.cleanup import mapped_shm_names, shm_segments
-
-    def unmapped() -> set[str]:
-        return (shm_segments() - set(before)) - mapped_shm_names(exclude_pid=os.getpid())
-
-    first = unmapped()
-    deadline = time.monotonic() + settle_s
-    while first and time.monotonic() < deadline:
-        time.sleep(1)
-        first &= unmapped()
-    return first
 
 
 class BackgroundHTTPServer:

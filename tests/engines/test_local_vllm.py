@@ -19,7 +19,7 @@ from seal.engines.local import backend as B
 from seal.engines.local import engine as E
 from seal.rollout.types import SamplingParams
 from tests.engines.test_local_engine import _resume_cfg
-from tests.helpers import shm_leftovers
+from tests.run_watch import SegmentWatch, shm_leftovers
 
 REPO = Path(__file__).resolve().parents[2]
 # The vLLM-capable tiny model (head_dim 32) of exp/tiny_verl_learn.yaml, on exp/tiny_cpu.yaml's task pair.
@@ -79,7 +79,6 @@ def _probe(run: E.LocalRun, ids: list[int] | None = None) -> tuple[list[int], to
 
 
 @pytest.mark.slow  # builds an in-process vLLM engine and trains two steps against the env service (~1-2 min)
-@pytest.mark.xdist_group("engines")  # one engine at a time (tests/conftest.py)
 def test_vllm_backend_samples_with_the_updated_weights(tmp_path, peaked, service_url):
     pytest.importorskip("vllm")
     import psutil
@@ -88,27 +87,28 @@ def test_vllm_backend_samples_with_the_updated_weights(tmp_path, peaked, service
     # An entropy bonus gives the random model's update a gradient (its rewards are all 0): the weights move.
     cfg = _resume_cfg(tmp_path, peaked, service_url, ("rollout.backend=vllm", "rollout.deterministic_generation=false",
                                                       "actor.entropy_coeff=0.01", "trainer.save_freq=0"))
-    run = E.setup(cfg, C.run_dir(cfg))
-    try:
-        assert isinstance(run.vllm, E.ColocatedVLLM) and run.episodes.generate is run.vllm
-        ids0, vllm0, actor0 = _probe(run)
-        assert (vllm0.exp() - actor0.exp()).abs().max() < 1e-3
-        metrics = [E.training_step(run, step) for step in (1, 2)]
-        for m in metrics:
-            assert m["actor/update_skipped"] == 0.0 and "timing/weight_sync" in m
-            assert m["rollout/probs_diff_max"] < 1e-3, m
-            assert 0 <= m["rollout/probs_diff_mean"] <= m["rollout/probs_diff_max"]
-        # The updates moved the policy: vLLM's log-probs from before them are off by far more than the check
-        # allows, so stale weights would have failed step 2's check; the synced engine agrees with the actor.
-        _, _, actor_now = _probe(run, ids0)
-        assert (vllm0.exp() - actor_now.exp()).abs().max() > 1e-2
-        _, vllm_now, actor_now = _probe(run)
-        assert (vllm_now.exp() - actor_now.exp()).abs().max() < 1e-3
-    finally:
-        E.close(run)
+    with SegmentWatch() as segments:  # the engine's segments: it runs in this process
+        run = E.setup(cfg, C.run_dir(cfg))
+        try:
+            assert isinstance(run.vllm, E.ColocatedVLLM) and run.episodes.generate is run.vllm
+            ids0, vllm0, actor0 = _probe(run)
+            assert (vllm0.exp() - actor0.exp()).abs().max() < 1e-3
+            metrics = [E.training_step(run, step) for step in (1, 2)]
+            for m in metrics:
+                assert m["actor/update_skipped"] == 0.0 and "timing/weight_sync" in m
+                assert m["rollout/probs_diff_max"] < 1e-3, m
+                assert 0 <= m["rollout/probs_diff_mean"] <= m["rollout/probs_diff_max"]
+            # The updates moved the policy: vLLM's log-probs from before them are off by far more than the check
+            # allows, so stale weights would have failed step 2's check; the synced engine agrees with the actor.
+            _, _, actor_now = _probe(run, ids0)
+            assert (vllm0.exp() - actor_now.exp()).abs().max() > 1e-2
+            _, vllm_now, actor_now = _probe(run)
+            assert (vllm_now.exp() - actor_now.exp()).abs().max() < 1e-3
+        finally:
+            E.close(run)
     assert not [t for t in threading.enumerate() if t.name == "vllm-generation"]  # the worker ended
     assert set(psutil.Process().children(recursive=True)) <= children_before  # in-process: no engine process
-    assert not shm_leftovers(shm_before)
+    assert not shm_leftovers(shm_before, segments.seen)
 
 
 @pytest.mark.slow  # the warm start (~2 min, shared with the verl learning test) and 3 steps (~1 min each)

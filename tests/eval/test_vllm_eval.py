@@ -21,10 +21,10 @@ from seal.engines.verl.cleanup import shm_segments  # noqa: E402
 from seal.eval import evaluate as ev  # noqa: E402
 from seal.models.smollm2 import build_smollm2  # noqa: E402
 from seal.run_dir import BEST_METRIC  # noqa: E402
-from tests.helpers import shm_leftovers  # noqa: E402
+from tests.run_watch import SegmentWatch, shm_leftovers  # noqa: E402
 
-# each test starts a vLLM engine (1-3 min on a loaded 2-core machine); one engine at a time (tests/conftest.py)
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("engines")]
+# each test starts a vLLM engine (1-3 min on a loaded 2-core machine)
+pytestmark = pytest.mark.slow
 
 TASK = "multi_turn_base_100"
 MAX_TOKENS = "48"
@@ -34,8 +34,9 @@ MAX_TOKENS = "48"
 def no_leftovers():
     """/dev/shm as it was found, once the engine's processes are gone (their cleanup may lag a moment)."""
     before = shm_segments()
-    yield
-    left = shm_leftovers(before)
+    with SegmentWatch() as segments:  # this process's and its children's: the engine's
+        yield
+    left = shm_leftovers(before, segments.seen)
     assert not left, f"left in /dev/shm: {sorted(left)}"
 
 
