@@ -4,7 +4,7 @@
 verl binds each vLLM server's HTTP port (no API key) to ``ray.util.get_node_ip_address()`` inside the server's
 Ray actor. A real local Ray cluster is started in a child process after
 ``seal.engines.verl.launch.loopback_ray_node``; an actor reports the address verl would bind, and every
-listening TCP socket of the cluster's processes is collected (``tests/network_watch.py``). Ray's processes
+listening TCP socket of the cluster's processes is collected (``tests/run_watch.py``). Ray's processes
 are real; no verl run is started (the verl end-to-end test can watch a real run with ``ListenerWatch``).
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from seal.engines.verl.cleanup import reap_run_processes
-from tests.network_watch import is_loopback, listeners, marked_pids
+from tests.run_watch import is_loopback, listeners, marked_pids
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,7 +28,7 @@ CHILD = """
 import json, os
 import ray
 from seal.engines.verl.launch import loopback_ray_node
-from tests.network_watch import listeners, marked_pids
+from tests.run_watch import listeners, marked_pids
 
 @ray.remote
 class Server:
