@@ -45,7 +45,7 @@ VERL_TESTS=(
   tests/engines/test_verl_cpu_engine.py
   tests/engines/test_verl_agent_loop.py
   tests/engines/test_verl_agent_loop_tq.py
-  tests/engines/test_head_gradient.py
+  tests/engines/test_head_rows.py
 )
 rc=0
 $PY -m pytest -q -p no:cacheprovider -m "not slow" "${TESTS[@]}" "$@" || rc=$?

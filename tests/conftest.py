@@ -54,11 +54,14 @@ def pytest_make_collect_report(collector):
 
 # CI runs each tier on two pytest-xdist workers (`.ci/run`: `-n 2 --dist loadgroup`). A test marked
 # `xdist_group(ENGINES)` starts a whole verl run (a Ray cluster with vLLM servers and ~9-13 processes, sized for
-# the whole machine): those run one after another on one worker, for memory (two at once would not fit beside
-# the other worker's tests in 24 GB). The other worker takes the rest, the single vLLM engines of the local engine
-# and of the evaluation among them: every /dev/shm check counts only segments the test's own processes were seen
-# holding (tests/run_watch.py, `SegmentWatch`), so a verl run beside them is not mistaken for theirs, nor they for it.
-# The group goes first, so the longest unit of work starts at once.
+# the whole machine) or a vLLM engine: those run one after another on one worker, for memory (two verl runs at once
+# would not fit beside the other worker's tests in 24 GB) and for vLLM's shutdown: in one CI run with the
+# evaluation's engines on the other worker, beside a verl run and another engine, a test left a `psm_` segment that
+# its own engine's processes had held (a reading, not verified: under that load vLLM's workers overran its 5 s
+# shutdown grace and were killed before unlinking their queue; the same tests passed in every CI run in this group).
+# Every /dev/shm check counts only segments the test's own processes were seen holding
+# (tests/run_watch.py, `SegmentWatch`), so the other worker's are never mistaken for a test's. The group goes
+# first, so the longest unit of work starts at once.
 ENGINES = "engines"
 
 

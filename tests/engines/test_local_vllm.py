@@ -79,6 +79,7 @@ def _probe(run: E.LocalRun, ids: list[int] | None = None) -> tuple[list[int], to
 
 
 @pytest.mark.slow  # builds an in-process vLLM engine and trains two steps against the env service (~1-2 min)
+@pytest.mark.xdist_group("engines")  # one engine at a time (tests/conftest.py)
 def test_vllm_backend_samples_with_the_updated_weights(tmp_path, peaked, service_url):
     pytest.importorskip("vllm")
     import psutil

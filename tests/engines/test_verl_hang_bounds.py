@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 from pathlib import Path
 
@@ -41,8 +42,13 @@ def _child(code: str, env: dict[str, str], timeout: float, shm_seen: set[str] | 
     segments = SegmentWatch(marker, MARKER_ENV)
     try:
         with segments:
-            done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=full_env,
+            # A hang prints every thread's stack to stderr (faulthandler) before the timeout ends it.
+            guard = f"import faulthandler; faulthandler.dump_traceback_later({max(timeout - 30, 10)})\n"
+            done = subprocess.run([sys.executable, "-c", guard + textwrap.dedent(code)], cwd=REPO, env=full_env,
                                   capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        pytest.fail(f"the child did not finish within {timeout} s; its stderr's end:\n{stderr[-6000:]}")
     finally:
         if shm_seen is not None:
             shm_seen |= segments.seen
@@ -242,3 +248,29 @@ def test_the_watch_counts_only_the_groups_of_the_runs_own_job():
     assert list(_job_groups(table, "01000000")) == [ours]
     assert describe_group(entry, 12.4) == (f"unnamed group {ours[:12]} (SPREAD, Ray: QUEUED): 2 bundle(s) "
                                            "2 x {CPU: 1}, pending 12 s")
+
+
+def test_the_watch_interrupts_again_until_the_main_thread_has_left(monkeypatch):
+    """A lost interrupt must not become a silent hang: the watch repeats it until the block is left, then stops."""
+    import threading
+
+    from seal.engines.verl import placement_watch as W
+
+    calls: list[float] = []
+    enough = threading.Event()
+
+    def interrupt() -> None:  # a main thread that ignores the first interrupts
+        calls.append(time.monotonic())
+        if len(calls) >= 3:
+            enough.set()
+
+    monkeypatch.setattr("ray.is_initialized", lambda: True)
+    error = W.PlacementTimeout("pending")
+    watch = W.PlacementWatch(bound_s=1, poll_s=0.01, interrupt=interrupt, reinterrupt_s=0.05)
+    monkeypatch.setattr(watch, "check", lambda now: error)
+    with pytest.raises(W.PlacementTimeout) as raised, watch:
+        assert enough.wait(30), calls
+    assert raised.value is error
+    count = len(calls)
+    time.sleep(0.3)
+    assert len(calls) == count  # none once the block was left

@@ -23,8 +23,8 @@ from seal.models.smollm2 import build_smollm2  # noqa: E402
 from seal.run_dir import BEST_METRIC  # noqa: E402
 from tests.run_watch import SegmentWatch, shm_leftovers  # noqa: E402
 
-# each test starts a vLLM engine (1-3 min on a loaded 2-core machine)
-pytestmark = pytest.mark.slow
+# each test starts a vLLM engine (1-3 min on a loaded 2-core machine); one engine at a time (tests/conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("engines")]
 
 TASK = "multi_turn_base_100"
 MAX_TOKENS = "48"

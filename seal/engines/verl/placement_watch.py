@@ -37,6 +37,10 @@ log = logging.getLogger(__name__)
 PLACEMENT_TIMEOUT_S = 300.0
 PLACEMENT_TIMEOUT_ENV = "SEAL_PLACEMENT_TIMEOUT_S"
 POLL_S = 2.0  # how often Ray's placement-group table is read (one GCS query)
+# How often the interrupt is repeated while the main thread has not left the watched block: once should do, but one
+# CI run saw the main thread still waiting 236 s after the watch had logged its error and interrupted it (not
+# reproduced in 15 runs under load; where the first interrupt went is unknown), and a lost interrupt is a silent hang.
+REINTERRUPT_S = 10.0
 # Ray's states of a group not placed yet, on which `pg.ready()` waits. Not RESCHEDULING: a placed group whose node
 # died; nothing waits on its `ready()` any more, and the run fails on its dead actors (named by the launcher).
 WAITING_STATES = ("PENDING", "PREPARED")
@@ -114,9 +118,9 @@ class PlacementWatch:
     knob) and `poll_s` are for the tests; `interrupt` is how the main thread is stopped (Ctrl-C's way)."""
 
     def __init__(self, bound_s: float | None = None, poll_s: float = POLL_S,
-                 interrupt: Callable[[], None] = _thread.interrupt_main) -> None:
+                 interrupt: Callable[[], None] = _thread.interrupt_main, reinterrupt_s: float = REINTERRUPT_S) -> None:
         self.bound_s = placement_timeout_s() if bound_s is None else bound_s
-        self.poll_s = poll_s
+        self.poll_s, self.reinterrupt_s = poll_s, reinterrupt_s
         self.interrupt = interrupt
         self.error: PlacementTimeout | None = None
         self._stop = threading.Event()
@@ -161,7 +165,20 @@ class PlacementWatch:
                     self.error = error
                     log.error("%s", error)
                     self.interrupt()
+                self._interrupt_until_left()
                 return
+
+    def _interrupt_until_left(self) -> None:
+        """Interrupt again every `reinterrupt_s` until the main thread has left the block (`__exit__` began)."""
+        tries = 1
+        while not self._stop.wait(self.reinterrupt_s):
+            with self._lock:
+                if self._stop.is_set():
+                    return
+                tries += 1
+                log.error("placement watch: the run is still waiting %.0f s after its interrupt; interrupting "
+                          "again (%d)", (tries - 1) * self.reinterrupt_s, tries)
+                self.interrupt()
 
     def check(self, now: float) -> PlacementTimeout | None:
         """One look at Ray's table: the error when a group of this job has been pending past the bound."""
