@@ -250,27 +250,33 @@ def test_the_watch_counts_only_the_groups_of_the_runs_own_job():
                                            "2 x {CPU: 1}, pending 12 s")
 
 
-def test_the_watch_interrupts_again_until_the_main_thread_has_left(monkeypatch):
-    """A lost interrupt must not become a silent hang: the watch repeats it until the block is left, then stops."""
+
+@pytest.mark.parametrize("sigint", ["handled by Python", "ignored, as in a background job"])
+def test_the_watch_stops_the_main_thread_whatever_sigint_is(monkeypatch, sigint):
+    """`nohup python launcher.py ... &` from a script starts Python with SIGINT ignored, and then Ctrl-C's way
+    (`_thread.interrupt_main`) does nothing: the watch must stop the main thread's wait all the same, and leave
+    SIGINT as it found it."""
+    import signal
     import threading
 
     from seal.engines.verl import placement_watch as W
 
-    calls: list[float] = []
-    enough = threading.Event()
-
-    def interrupt() -> None:  # a main thread that ignores the first interrupts
-        calls.append(time.monotonic())
-        if len(calls) >= 3:
-            enough.set()
-
-    monkeypatch.setattr("ray.is_initialized", lambda: True)
-    error = W.PlacementTimeout("pending")
-    watch = W.PlacementWatch(bound_s=1, poll_s=0.01, interrupt=interrupt, reinterrupt_s=0.05)
-    monkeypatch.setattr(watch, "check", lambda now: error)
-    with pytest.raises(W.PlacementTimeout) as raised, watch:
-        assert enough.wait(30), calls
-    assert raised.value is error
-    count = len(calls)
-    time.sleep(0.3)
-    assert len(calls) == count  # none once the block was left
+    assert threading.current_thread() is threading.main_thread()
+    before, fallback_before = signal.getsignal(signal.SIGINT), signal.getsignal(W.FALLBACK_SIGNAL)
+    if sigint.startswith("ignored"):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    expected_sigint = signal.getsignal(signal.SIGINT)
+    try:
+        monkeypatch.setattr("ray.is_initialized", lambda: True)
+        error = W.PlacementTimeout("pending")
+        watch = W.PlacementWatch(bound_s=1, poll_s=0.05)
+        monkeypatch.setattr(watch, "check", lambda now: error)
+        start = time.monotonic()
+        with pytest.raises(W.PlacementTimeout) as raised, watch:
+            while time.monotonic() - start < 30:  # a wait only the interrupt ends (as verl's `ray.get`)
+                time.sleep(0.05)
+        assert raised.value is error and time.monotonic() - start < 30
+        assert signal.getsignal(signal.SIGINT) == expected_sigint  # untouched
+        assert signal.getsignal(W.FALLBACK_SIGNAL) == fallback_before  # the block's handler removed
+    finally:
+        signal.signal(signal.SIGINT, before)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import _thread
 import logging
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -37,10 +38,6 @@ log = logging.getLogger(__name__)
 PLACEMENT_TIMEOUT_S = 300.0
 PLACEMENT_TIMEOUT_ENV = "SEAL_PLACEMENT_TIMEOUT_S"
 POLL_S = 2.0  # how often Ray's placement-group table is read (one GCS query)
-# How often the interrupt is repeated while the main thread has not left the watched block: once should do, but one
-# CI run saw the main thread still waiting 236 s after the watch had logged its error and interrupted it (not
-# reproduced in 15 runs under load; where the first interrupt went is unknown), and a lost interrupt is a silent hang.
-REINTERRUPT_S = 10.0
 # Ray's states of a group not placed yet, on which `pg.ready()` waits. Not RESCHEDULING: a placed group whose node
 # died; nothing waits on its `ready()` any more, and the run fails on its dead actors (named by the launcher).
 WAITING_STATES = ("PENDING", "PREPARED")
@@ -113,15 +110,33 @@ def placement_error(pending: list[tuple[dict, float]], cluster: dict[str, float]
         f"Give Ray more, or reserve less: {'; '.join(RESERVATION_KNOBS)}")
 
 
+# The signal the interrupt simulates when SIGINT is not Python's to handle (see `PlacementWatch.__enter__`).
+FALLBACK_SIGNAL = signal.SIGUSR2
+
+
+def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 class PlacementWatch:
     """The watch, as a context manager around verl's entry; see the module's docstring. `bound_s` (default: the
-    knob) and `poll_s` are for the tests; `interrupt` is how the main thread is stopped (Ctrl-C's way)."""
+    knob) and `poll_s` are for the tests; `interrupt` is how the main thread is stopped (default: Ctrl-C's way).
+
+    Ctrl-C's way is `_thread.interrupt_main()`, which runs Python's SIGINT handler in the main thread, and does
+    nothing when SIGINT is not handled by Python. That is the case in every process started in the background by a
+    shell without job control (`python launcher.py ... &` in a script, `nohup ... &`: the shell sets SIGINT to
+    ignored, and Python keeps it so): measured, a watch in such a process logged its error and the run went on
+    waiting in `ray.get` until killed. So where SIGINT is not Python's, the watch installs a handler of its own
+    for `FALLBACK_SIGNAL` for the time of the block and interrupts the main thread with that (never sent by
+    anyone: `interrupt_main` simulates it); SIGINT itself stays as the user's shell left it."""
 
     def __init__(self, bound_s: float | None = None, poll_s: float = POLL_S,
-                 interrupt: Callable[[], None] = _thread.interrupt_main, reinterrupt_s: float = REINTERRUPT_S) -> None:
+                 interrupt: Callable[[], None] | None = None) -> None:
         self.bound_s = placement_timeout_s() if bound_s is None else bound_s
-        self.poll_s, self.reinterrupt_s = poll_s, reinterrupt_s
-        self.interrupt = interrupt
+        self.poll_s = poll_s
+        self.interrupt = interrupt or self._interrupt_main
+        self._signum = signal.SIGINT
+        self._replaced: Any = None  # the fallback signal's handler before the block, when the watch set its own
         self.error: PlacementTimeout | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()  # no interrupt once `__exit__` has begun: the run has left verl's entry
@@ -129,10 +144,17 @@ class PlacementWatch:
         self._pending_since: dict[str, float] = {}
         self._table_failed = False
 
+    def _interrupt_main(self) -> None:
+        _thread.interrupt_main(self._signum)
+
     def __enter__(self) -> Self:
-        if self.interrupt is _thread.interrupt_main and threading.current_thread() is not threading.main_thread():
-            # The interrupt reaches the main thread only: from another one the wait past the bound would go on.
-            raise RuntimeError("PlacementWatch stops the main thread's wait: enter it in the main thread")
+        if self.interrupt == self._interrupt_main:
+            if threading.current_thread() is not threading.main_thread():
+                # The interrupt reaches the main thread only: from another one the wait past the bound would go on.
+                raise RuntimeError("PlacementWatch stops the main thread's wait: enter it in the main thread")
+            if not callable(signal.getsignal(signal.SIGINT)):  # ignored, or the OS default: not Python's
+                self._signum = FALLBACK_SIGNAL
+                self._replaced = signal.signal(FALLBACK_SIGNAL, _raise_keyboard_interrupt)
         self._thread.start()
         return self
 
@@ -140,6 +162,9 @@ class PlacementWatch:
         with self._lock:
             self._stop.set()
         self._thread.join(timeout=self.poll_s + 30)  # one GCS query at most is in flight
+        if self._replaced is not None:
+            signal.signal(FALLBACK_SIGNAL, self._replaced)
+            self._replaced = None
         if self.error is not None:
             # The KeyboardInterrupt the watch caused (or whatever verl raised as it was stopped) is its effect.
             raise self.error from (None if isinstance(exc, KeyboardInterrupt) else exc)
@@ -165,20 +190,7 @@ class PlacementWatch:
                     self.error = error
                     log.error("%s", error)
                     self.interrupt()
-                self._interrupt_until_left()
                 return
-
-    def _interrupt_until_left(self) -> None:
-        """Interrupt again every `reinterrupt_s` until the main thread has left the block (`__exit__` began)."""
-        tries = 1
-        while not self._stop.wait(self.reinterrupt_s):
-            with self._lock:
-                if self._stop.is_set():
-                    return
-                tries += 1
-                log.error("placement watch: the run is still waiting %.0f s after its interrupt; interrupting "
-                          "again (%d)", (tries - 1) * self.reinterrupt_s, tries)
-                self.interrupt()
 
     def check(self, now: float) -> PlacementTimeout | None:
         """One look at Ray's table: the error when a group of this job has been pending past the bound."""
