@@ -121,12 +121,6 @@ def test_the_marked_rows_are_those_verl_keeps(pad):
     assert set(rows.nonzero().squeeze(-1).tolist()) == kept and rows.sum() == sum(responses)
 
 
-def _unwrapped(fn):
-    while getattr(fn, "_seal_backward_only_where_the_loss_reaches", False):
-        fn = fn.__wrapped__
-    return fn
-
-
 @pytest.fixture
 def verls_forward(monkeypatch):
     """verl's own `FusedLinearForPPO.forward` and `prepare_model_inputs`, restored after the test (an earlier
@@ -134,10 +128,12 @@ def verls_forward(monkeypatch):
     from verl.utils.experimental.torch_functional import FusedLinearForPPO
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 
-    original = _unwrapped(FusedLinearForPPO.forward)
+    from seal.engines.verl.head_rows import unwrapped
+
+    original = unwrapped(FusedLinearForPPO.forward)
     monkeypatch.setattr(FusedLinearForPPO, "forward", original)
     monkeypatch.setattr(FSDPEngineWithLMHead, "prepare_model_inputs",
-                        _unwrapped(FSDPEngineWithLMHead.prepare_model_inputs))
+                        unwrapped(FSDPEngineWithLMHead.prepare_model_inputs))
     assert original.__module__ == "verl.utils.experimental.torch_functional"
     return original
 

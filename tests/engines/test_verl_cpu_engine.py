@@ -81,53 +81,60 @@ def _sequences(lengths) -> dict:
             "loss_mask": _nested([torch.ones(n, dtype=torch.long) for n in lengths])}
 
 
-def _packed_vs_padded(model_dir: str, port: int, queue) -> None:  # runs in the spawned process
+def _packed_vs_padded(model_dir: str, port: int) -> dict:  # runs in the spawned process (`_spawned`)
+    import torch
+    from tensordict import TensorDict
+    from transformers import AutoModelForCausalLM
+    from verl.utils import tensordict_utils as tu
+
+    worker, shapes = _training_worker(model_dir, port, forward_only=True)
+    attn = worker.engine.module.config._attn_implementation
+    fields = _sequences(LENGTHS)
+    seqs = list(fields["input_ids"].unbind())
+
+    def infer(remove_padding: bool) -> list[torch.Tensor]:
+        td = TensorDict(dict(fields), batch_size=len(LENGTHS))
+        tu.assign_non_tensor(td, use_remove_padding=remove_padding, temperature=1.0,
+                             global_token_num=list(LENGTHS), micro_batch_size_per_gpu=len(LENGTHS),
+                             use_dynamic_bsz=False, compute_loss=False)
+        shapes.clear()
+        out = worker.infer_batch(td)["log_probs"]
+        seen[remove_padding] = list(shapes)
+        return [row[: n - 1] for row, n in zip(out.unbind(), LENGTHS, strict=True)]  # last: no next token
+
+    seen: dict[bool, list] = {}
+    packed, padded = infer(True), infer(False)
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa", dtype=torch.float32).eval()
+    alone = []
+    with torch.no_grad():
+        for ids in seqs:
+            logp = torch.log_softmax(hf(ids[None]).logits[0, :-1].float(), -1)
+            alone.append(logp.gather(-1, ids[1:, None])[:, 0])
+    return {"attn": attn, "shapes": seen, "packed": [t.tolist() for t in packed],
+            "padded": [t.tolist() for t in padded], "alone": [t.tolist() for t in alone]}
+
+
+def _reporting(target, model_dir: str, port: int, queue) -> None:
+    """The spawned process: `target(model_dir, port)`'s result, or its error, goes to the parent (never a hang)."""
     try:
+        queue.put(target(model_dir, port))
         import torch
-        from tensordict import TensorDict
-        from transformers import AutoModelForCausalLM
-        from verl.utils import tensordict_utils as tu
 
-        worker, shapes = _training_worker(model_dir, port, forward_only=True)
-        attn = worker.engine.module.config._attn_implementation
-        fields = _sequences(LENGTHS)
-        seqs = list(fields["input_ids"].unbind())
-
-        def infer(remove_padding: bool) -> list[torch.Tensor]:
-            td = TensorDict(dict(fields), batch_size=len(LENGTHS))
-            tu.assign_non_tensor(td, use_remove_padding=remove_padding, temperature=1.0,
-                                 global_token_num=list(LENGTHS), micro_batch_size_per_gpu=len(LENGTHS),
-                                 use_dynamic_bsz=False, compute_loss=False)
-            shapes.clear()
-            out = worker.infer_batch(td)["log_probs"]
-            seen[remove_padding] = list(shapes)
-            return [row[: n - 1] for row, n in zip(out.unbind(), LENGTHS, strict=True)]  # last: no next token
-
-        seen: dict[bool, list] = {}
-        packed, padded = infer(True), infer(False)
-        hf = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa", dtype=torch.float32).eval()
-        alone = []
-        with torch.no_grad():
-            for ids in seqs:
-                logp = torch.log_softmax(hf(ids[None]).logits[0, :-1].float(), -1)
-                alone.append(logp.gather(-1, ids[1:, None])[:, 0])
-        queue.put({"attn": attn, "shapes": seen, "packed": [t.tolist() for t in packed],
-                   "padded": [t.tolist() for t in padded], "alone": [t.tolist() for t in alone]})
         torch.distributed.destroy_process_group()
-    except BaseException as exc:  # report, do not hang the parent
+    except BaseException as exc:
         import traceback
 
         queue.put({"error": f"{exc!r}\n{traceback.format_exc()}"})
 
 
 def _spawned(target, tmp_path) -> dict:
-    """Run `target(model_dir, port, queue)` in a spawned process on a tiny Qwen2; its result, bounded in time."""
+    """Run `target(model_dir, port)` in a spawned process on a tiny Qwen2; its result, bounded in time."""
     from seal.models.tiny import build_tiny_qwen2
 
     model_dir = build_tiny_qwen2(tmp_path / "tiny", hidden=64, layers=2)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    proc = ctx.Process(target=target, args=(str(model_dir), free_port(), queue))
+    proc = ctx.Process(target=_reporting, args=(target, str(model_dir), free_port(), queue))
     proc.start()
     try:
         result = queue.get(timeout=240)  # the verl engine's start and a few forwards of a 2-layer model
@@ -163,56 +170,49 @@ DYNAMIC_LENGTHS = (7, 12, 5, 9, 15, 3, 11)
 DYNAMIC_BUDGET = 24
 
 
-def _dynamic_vs_micro_batch_1(model_dir: str, port: int, queue) -> None:  # runs in the spawned process
-    try:
-        import torch
-        from tensordict import TensorDict
-        from verl.utils import tensordict_utils as tu
+def _dynamic_vs_micro_batch_1(model_dir: str, port: int) -> dict:  # runs in the spawned process (`_spawned`)
+    from tensordict import TensorDict
+    from verl.utils import tensordict_utils as tu
 
-        from seal.engines.verl.config import to_verl_config
-        from seal.recipe import load_config
+    from seal.engines.verl.config import to_verl_config
+    from seal.recipe import load_config
 
-        # The actor engine as verl's ActorRolloutRefWorker.init_model configures it from the GPU recipe's config:
-        # one dynamic-batch switch (actor.use_dynamic_bsz == rollout.log_prob_use_dynamic_bsz), the forward
-        # pass's budget from rollout.log_prob_max_token_len_per_gpu, the update's micro-batch from the actor's.
-        gpu = to_verl_config(load_config("exp/SEAL.yaml", []), "/tmp/x").actor_rollout_ref
-        assert gpu.actor.use_dynamic_bsz and gpu.rollout.log_prob_use_dynamic_bsz
-        worker, shapes = _training_worker(
-            model_dir, port, forward_only=False, use_dynamic_bsz=gpu.actor.use_dynamic_bsz,
-            infer_max_token_len_per_gpu=DYNAMIC_BUDGET, max_token_len_per_gpu=DYNAMIC_BUDGET,
-            infer_micro_batch_size_per_gpu=gpu.rollout.log_prob_micro_batch_size_per_gpu,
-            micro_batch_size_per_gpu=gpu.actor.ppo_micro_batch_size_per_gpu)
-        n = len(DYNAMIC_LENGTHS)
+    # The actor engine as verl's ActorRolloutRefWorker.init_model configures it from the GPU recipe's config:
+    # one dynamic-batch switch (actor.use_dynamic_bsz == rollout.log_prob_use_dynamic_bsz), the forward
+    # pass's budget from rollout.log_prob_max_token_len_per_gpu, the update's micro-batch from the actor's.
+    gpu = to_verl_config(load_config("exp/SEAL.yaml", []), "/tmp/x").actor_rollout_ref
+    assert gpu.actor.use_dynamic_bsz and gpu.rollout.log_prob_use_dynamic_bsz
+    worker, shapes = _training_worker(
+        model_dir, port, forward_only=False, use_dynamic_bsz=gpu.actor.use_dynamic_bsz,
+        infer_max_token_len_per_gpu=DYNAMIC_BUDGET, max_token_len_per_gpu=DYNAMIC_BUDGET,
+        infer_micro_batch_size_per_gpu=gpu.rollout.log_prob_micro_batch_size_per_gpu,
+        micro_batch_size_per_gpu=gpu.actor.ppo_micro_batch_size_per_gpu)
+    n = len(DYNAMIC_LENGTHS)
 
-        def batch(**extra) -> TensorDict:
-            td = TensorDict(_sequences(DYNAMIC_LENGTHS), batch_size=n)
-            tu.assign_non_tensor(td, global_token_num=list(DYNAMIC_LENGTHS), **extra)
-            return td
+    def batch(**extra) -> TensorDict:
+        td = TensorDict(_sequences(DYNAMIC_LENGTHS), batch_size=n)
+        tu.assign_non_tensor(td, global_token_num=list(DYNAMIC_LENGTHS), **extra)
+        return td
 
-        def old_log_probs(**extra) -> dict:  # the trainer's old-log-prob request (its extra_info)
-            shapes.clear()
-            out = worker.infer_batch(batch(calculate_entropy=True, compute_loss=False, temperature=1.0, **extra))
-            rows = {k: [t.tolist() for t in out[k].unbind()] for k in ("log_probs", "entropy")}
-            return {"calls": list(shapes), **rows}
+    def old_log_probs(**extra) -> dict:  # the trainer's old-log-prob request (its extra_info)
+        shapes.clear()
+        out = worker.infer_batch(batch(calculate_entropy=True, compute_loss=False, temperature=1.0, **extra))
+        rows = {k: [t.tolist() for t in out[k].unbind()] for k in ("log_probs", "entropy")}
+        return {"calls": list(shapes), **rows}
 
-        result = {"dynamic": old_log_probs(), "micro_batch_1": old_log_probs(use_dynamic_bsz=False,
-                                                                             micro_batch_size_per_gpu=1)}
+    result = {"dynamic": old_log_probs(), "micro_batch_1": old_log_probs(use_dynamic_bsz=False,
+                                                                         micro_batch_size_per_gpu=1)}
 
-        def loss(model_output, data, dp_group=None):  # any loss: the test counts the update's forward calls
-            return -model_output["log_probs"].values().sum() / data["batch_num_tokens"], {}
+    def loss(model_output, data, dp_group=None):  # any loss: the test counts the update's forward calls
+        return -model_output["log_probs"].values().sum() / data["batch_num_tokens"], {}
 
-        worker.set_loss_fn(loss)
-        for name, extra in (("update_as_sent", {"use_dynamic_bsz": False}), ("update_engine_default", {})):
-            shapes.clear()
-            worker.train_mini_batch(batch(mini_batch_size=n, epochs=1, seed=0, temperature=1.0,
-                                          calculate_entropy=False, **extra))
-            result[name] = list(shapes)
-        queue.put(result)
-        torch.distributed.destroy_process_group()
-    except BaseException as exc:  # report, do not hang the parent
-        import traceback
-
-        queue.put({"error": f"{exc!r}\n{traceback.format_exc()}"})
+    worker.set_loss_fn(loss)
+    for name, extra in (("update_as_sent", {"use_dynamic_bsz": False}), ("update_engine_default", {})):
+        shapes.clear()
+        worker.train_mini_batch(batch(mini_batch_size=n, epochs=1, seed=0, temperature=1.0,
+                                      calculate_entropy=False, **extra))
+        result[name] = list(shapes)
+    return result
 
 
 @pytest.mark.slow  # verl's FSDP2 engine in a spawned process
@@ -245,46 +245,41 @@ def test_dynamic_forward_batches_equal_micro_batch_1(tmp_path):
 PROMPT_LENGTHS = (4, 8, 2)  # of LENGTHS: the responses are the rest of each sequence
 
 
-def _response_rows_vs_every_row(model_dir: str, port: int, queue) -> None:  # runs in the spawned process
-    try:
-        import torch
-        from tensordict import TensorDict
-        from verl.utils import tensordict_utils as tu
-        from verl.utils.experimental import torch_functional as fused
+def _response_rows_vs_every_row(model_dir: str, port: int) -> dict:  # runs in the spawned process (`_spawned`)
+    from tensordict import TensorDict
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.experimental import torch_functional as fused
 
-        worker, _ = _training_worker(model_dir, port, forward_only=True, model={
-            "use_fused_kernels": True, "fused_kernel_options": {"impl_backend": "torch"}})  # the CPU recipe's
-        fields = _sequences(LENGTHS)
-        seqs = list(fields["input_ids"].unbind())
-        fields["prompts"] = _nested([s[:p] for s, p in zip(seqs, PROMPT_LENGTHS, strict=True)])
-        fields["responses"] = _nested([s[p:] for s, p in zip(seqs, PROMPT_LENGTHS, strict=True)])
-        rows: list[int] = []
-        chunk = fused._fused_linear_for_ppo_fwd
+    from seal.engines.verl.head_rows import unwrapped
 
-        def counting(hidden_states, *args, **kwargs):
-            rows.append(hidden_states.shape[0])
-            return chunk(hidden_states, *args, **kwargs)
+    worker, _ = _training_worker(model_dir, port, forward_only=True, model={
+        "use_fused_kernels": True, "fused_kernel_options": {"impl_backend": "torch"}})  # the CPU recipe's
+    fields = _sequences(LENGTHS)
+    seqs = list(fields["input_ids"].unbind())
+    fields["prompts"] = _nested([s[:p] for s, p in zip(seqs, PROMPT_LENGTHS, strict=True)])
+    fields["responses"] = _nested([s[p:] for s, p in zip(seqs, PROMPT_LENGTHS, strict=True)])
+    rows: list[int] = []
+    chunk = fused._fused_linear_for_ppo_fwd
 
-        fused._fused_linear_for_ppo_fwd = counting
+    def counting(hidden_states, *args, **kwargs):
+        rows.append(hidden_states.shape[0])
+        return chunk(hidden_states, *args, **kwargs)
 
-        def infer() -> dict:
-            rows.clear()
-            td = TensorDict(dict(fields), batch_size=len(LENGTHS))
-            tu.assign_non_tensor(td, use_remove_padding=True, temperature=1.0, global_token_num=list(LENGTHS),
-                                 micro_batch_size_per_gpu=len(LENGTHS), use_dynamic_bsz=False, compute_loss=False,
-                                 calculate_entropy=True)
-            out = worker.infer_batch(td)
-            return {"rows": sum(rows), **{k: [t.tolist() for t in out[k].unbind()] for k in ("log_probs", "entropy")}}
+    fused._fused_linear_for_ppo_fwd = counting
 
-        result = {"marked": infer()}
-        fused.FusedLinearForPPO.forward = fused.FusedLinearForPPO.forward.__wrapped__  # verl's own forward
-        result["every_row"] = infer()
-        queue.put(result)
-        torch.distributed.destroy_process_group()
-    except BaseException as exc:  # report, do not hang the parent
-        import traceback
+    def infer() -> dict:
+        rows.clear()
+        td = TensorDict(dict(fields), batch_size=len(LENGTHS))
+        tu.assign_non_tensor(td, use_remove_padding=True, temperature=1.0, global_token_num=list(LENGTHS),
+                             micro_batch_size_per_gpu=len(LENGTHS), use_dynamic_bsz=False, compute_loss=False,
+                             calculate_entropy=True)
+        out = worker.infer_batch(td)
+        return {"rows": sum(rows), **{k: [t.tolist() for t in out[k].unbind()] for k in ("log_probs", "entropy")}}
 
-        queue.put({"error": f"{exc!r}\n{traceback.format_exc()}"})
+    result = {"marked": infer()}
+    fused.FusedLinearForPPO.forward = unwrapped(fused.FusedLinearForPPO.forward)  # verl's own forward
+    result["every_row"] = infer()
+    return result
 
 
 @pytest.mark.slow  # verl's FSDP2 engine in a spawned process

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
-_MARK = "_seal_backward_only_where_the_loss_reaches"
+_MARK = "_seal_head_rows_wrapper"  # set on each wrapper below; its `__wrapped__` is verl's function
 _ROWS = "_seal_response_rows"  # the attribute of a labels tensor: a bool tensor of its shape, True where kept
 
 
@@ -71,14 +71,19 @@ def backward_only_where_the_loss_reaches() -> None:
     fused._fused_linear_for_ppo_bwd = backward_chunk
 
 
+def unwrapped(fn: Any) -> Any:
+    """verl's own function behind `fn`: `fn` itself unless it is one of this module's wrappers."""
+    while getattr(fn, _MARK, False):
+        fn = fn.__wrapped__
+    return fn
+
+
 def verls_backward() -> Any:
     """verl's own `_fused_linear_for_ppo_bwd`, whether or not this process has wrapped it (the wrapper keeps it as
     `__wrapped__`). Checked to be verl's: defined in verl's module under verl's name."""
     from verl.utils.experimental import torch_functional as fused
 
-    fn = fused._fused_linear_for_ppo_bwd
-    while getattr(fn, _MARK, False):
-        fn = fn.__wrapped__
+    fn = unwrapped(fused._fused_linear_for_ppo_bwd)
     if fn.__module__ != fused.__name__ or fn.__qualname__ != "_fused_linear_for_ppo_bwd":
         raise RuntimeError(f"verl's _fused_linear_for_ppo_bwd is replaced by {fn.__module__}.{fn.__qualname__}")
     return fn
